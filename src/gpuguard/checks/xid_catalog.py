@@ -1,0 +1,183 @@
+"""NVIDIA's Xid catalog as data, and gpuguard's rule for turning an Xid into a finding.
+
+The catalog (``data/xid_catalog.csv``, NVIDIA's "Xid Catalog for Ampere and newer") gives
+each Xid an immediate resolution bucket. :data:`BUCKET_RULES` maps buckets onto our action
+ladder; :data:`OVERRIDES` lists where we deliberately differ, each with its reason. Both
+are printed by ``gpuguard xid N``.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from gpuguard.model import Action, Component, Finding, Layer, Severity
+
+
+@dataclass(frozen=True)
+class XidRule:
+    """What gpuguard does about one Xid code."""
+
+    xid: int
+    mnemonic: str
+    description: str
+    bucket: str
+    investigatory: str
+    severity: Severity
+    action: Action
+    application: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class BucketRule:
+    severity: Severity
+    action: Action
+    why: str
+
+
+BUCKET_RULES: dict[str, BucketRule] = {
+    "RESTART_APP": BucketRule(
+        Severity.WARNING, Action.KILL_JOB,
+        "NVIDIA: restart the application; the GPU itself is fine, so never drain for it",
+    ),
+    "IGNORE": BucketRule(Severity.INFO, Action.NONE, "NVIDIA: no action needed"),
+    "RESET_GPU": BucketRule(Severity.CRITICAL, Action.RESET_GPU, "NVIDIA: reset the GPU"),
+    "WORKFLOW_XID_48": BucketRule(
+        Severity.CRITICAL, Action.RESET_GPU,
+        "uncorrectable ECC error: reset the GPU so the row remap takes effect",
+    ),
+    "WORKFLOW_NVLINK_ERR": BucketRule(
+        Severity.CRITICAL, Action.RESET_GPU, "NVLink error: reset the GPU, then verify the links"
+    ),
+    "RESTART_BM": BucketRule(Severity.CRITICAL, Action.REBOOT, "NVIDIA: restart the machine"),
+    "RESTART_VM": BucketRule(Severity.CRITICAL, Action.REBOOT, "NVIDIA: restart the VM"),
+    "CHECK_MECHANICALS": BucketRule(
+        Severity.CRITICAL, Action.REPLACE,
+        "a physical fault (power, seating) that software cannot repair: replace the machine",
+    ),
+    "CONTACT_SUPPORT": BucketRule(
+        Severity.WARNING, Action.NONE,
+        "NVIDIA: contact support; no automatic action, flag the node for a human",
+    ),
+    "UPDATE_SWFW": BucketRule(
+        Severity.WARNING, Action.NONE, "software or firmware must be updated; not a broken part"
+    ),
+    "CHECK_UVM": BucketRule(
+        Severity.WARNING, Action.NONE, "NVIDIA: check whether unified memory is in use"
+    ),
+}
+
+# A known Xid with no bucket (catalog rows 162-172) or an Xid the catalog does not list.
+DEFAULT_RULE = BucketRule(
+    Severity.WARNING, Action.NONE,
+    "no resolution in NVIDIA's catalog: flag for a human rather than guess a repair",
+)
+
+# Our deliberate departures from the bucket mapping, with the reason for each.
+OVERRIDES: dict[int, BucketRule] = {
+    43: BucketRule(
+        Severity.WARNING, Action.KILL_JOB,
+        "follows Xid 13/31 when a channel is killed: part of the same application incident",
+    ),
+    45: BucketRule(
+        Severity.INFO, Action.NONE,
+        "preemptive cleanup after an earlier error: the Xid it names decides the action",
+    ),
+    154: BucketRule(
+        Severity.WARNING, Action.NONE,
+        "the driver's own recovery verdict: the action is read from the line's text",
+    ),
+}
+
+NVLINK5_XIDS = frozenset(range(144, 151))
+NVLINK5_FATAL = BucketRule(
+    Severity.CRITICAL, Action.RESET_GPU, "NVLink5 error the driver marks Fatal: reset the GPU"
+)
+NVLINK5_NONFATAL = BucketRule(
+    Severity.INFO, Action.NONE, "NVLink5 error the driver marks Nonfatal: no action"
+)
+
+# Xid 154 text (recovery action names printed by the driver) -> action.
+RECOVERY_ACTIONS: dict[str, tuple[Severity, Action]] = {
+    "none": (Severity.INFO, Action.NONE),
+    "gpu reset required": (Severity.CRITICAL, Action.RESET_GPU),
+    "drain and reset": (Severity.CRITICAL, Action.RESET_GPU),
+    "drain p2p": (Severity.CRITICAL, Action.RESET_GPU),
+    "bus reset": (Severity.CRITICAL, Action.RESET_GPU),
+    "node reboot required": (Severity.CRITICAL, Action.REBOOT),
+    "system reboot": (Severity.CRITICAL, Action.REBOOT),
+    "recover imex domain": (Severity.CRITICAL, Action.REBOOT),
+}
+
+_RECOVERY_CHANGE = re.compile(r"to 0x[0-9a-fA-F]+ \((?P<to>[^)]*)\)")
+_NVLINK5_SEVERITY = re.compile(r"\b(?P<word>Fatal|Non-?fatal)\b", re.IGNORECASE)
+
+
+@cache
+def catalog() -> dict[int, dict[str, str]]:
+    """The catalog rows by Xid code, loaded once from the package data."""
+    text = resources.files("gpuguard").joinpath("data/xid_catalog.csv").read_text()
+    return {int(row["xid"]): row for row in csv.DictReader(text.splitlines())}
+
+
+def rule_for(xid: int) -> XidRule:
+    """The rule gpuguard applies to an Xid, before reading the line's own text."""
+    row = catalog().get(xid)
+    bucket = row["immediate_action"] if row else ""
+    if xid in OVERRIDES:
+        base = OVERRIDES[xid]
+    elif bucket in BUCKET_RULES:
+        base = BUCKET_RULES[bucket]
+    else:
+        base = DEFAULT_RULE
+    return XidRule(
+        xid=xid,
+        mnemonic=row["mnemonic"] if row else "UNKNOWN",
+        description=row["description"] if row else "not in NVIDIA's Xid catalog",
+        bucket=bucket or "(none)",
+        investigatory=row["investigatory_action"] if row else "",
+        severity=base.severity,
+        action=base.action,
+        application=bucket in ("RESTART_APP", "IGNORE") or xid == 43,
+        why=base.why,
+    )
+
+
+def judge_line(xid: int, text: str) -> tuple[Severity, Action, str]:
+    """Severity, action and reason for one Xid, using the line's text where it decides."""
+    rule = rule_for(xid)
+    if xid == 154:
+        match = _RECOVERY_CHANGE.search(text)
+        verdict = RECOVERY_ACTIONS.get(match["to"].strip().lower()) if match else None
+        if verdict:
+            return (*verdict, f"driver recovery action is now '{match['to']}'")  # type: ignore[index]
+        return rule.severity, rule.action, rule.why
+    if xid in NVLINK5_XIDS:
+        word = _NVLINK5_SEVERITY.search(text)
+        if word:
+            chosen = NVLINK5_FATAL if word["word"].lower() == "fatal" else NVLINK5_NONFATAL
+            return chosen.severity, chosen.action, chosen.why
+        return DEFAULT_RULE.severity, DEFAULT_RULE.action, DEFAULT_RULE.why
+    return rule.severity, rule.action, rule.why
+
+
+def xid_finding(
+    xid: int, component: Component, source: str, evidence: str, text: str = ""
+) -> Finding:
+    """The finding for one Xid on one GPU; ``text`` is the driver's message after the code."""
+    rule = rule_for(xid)
+    severity, action, why = judge_line(xid, text or evidence)
+    return Finding(
+        layer=Layer.GPU,
+        code=f"XID_{xid}",
+        severity=severity,
+        action=action,
+        component=component,
+        source=source,
+        message=f"Xid {xid} ({rule.description}) on {component.id}: {why}",
+        evidence=evidence,
+    )

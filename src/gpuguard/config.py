@@ -1,0 +1,118 @@
+"""The one configuration model: YAML file and command-line flags, validated by pydantic.
+
+Errors name the bad key and the file, so a typo in a fleet-wide config is found at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuguard.errors import ConfigError
+
+DEFAULT_TIMEOUT_S = 10.0
+
+PositiveSeconds = Annotated[float, Field(gt=0, le=3600)]
+
+
+class Expectations(BaseModel):
+    """What the node should have; ``None`` means "do not check"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: int | None = Field(default=None, ge=0)
+    nics: int | None = Field(default=None, ge=0)
+    link_gbps: float | None = Field(default=None, gt=0)
+
+
+class Config(BaseModel):
+    """Everything ``gpuguard check`` can be told; every key is optional."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    expected_gpus: int | None = Field(default=None, ge=0, description="GPUs the node must have")
+    expected_nics: int | None = Field(
+        default=None, ge=0, description="RDMA adapters (EFA or InfiniBand) the node must have"
+    )
+    expected_link_gbps: float | None = Field(
+        default=None, gt=0, description="Minimum rate of every active RDMA port, Gb/s"
+    )
+    fail_closed: bool = Field(
+        default=True, description="Report a layer whose checks gave no verdict as Unhealthy"
+    )
+    default_timeout_s: PositiveSeconds = DEFAULT_TIMEOUT_S
+    timeouts: dict[str, PositiveSeconds] = Field(
+        default_factory=dict, description="Per-check timeout in seconds, by check name"
+    )
+    tools: dict[str, str] = Field(
+        default_factory=dict, description="Path of an external tool, by its name on PATH"
+    )
+    kernel_log: str = Field(
+        default="auto", description="auto, kmsg, journalctl, dmesg, or the path of a log file"
+    )
+    dcgm_diag_level: int | None = Field(
+        default=None, ge=1, le=4, description="Run `dcgmi diag -r N` live (slow: level 2+)"
+    )
+    dcgm_exporter_url: str | None = Field(
+        default=None, description="dcgm-exporter metrics URL to read, e.g. http://localhost:9400/metrics"
+    )
+    infiniband_sysfs: Path = Path("/sys/class/infiniband")
+    counter_sample_interval_s: float = Field(
+        default=1.0, ge=0, le=60, description="Gap between the two error-counter samples"
+    )
+    cross_check: bool = Field(
+        default=False, description="Also read nvidia-smi when NVML answered"
+    )
+
+    @property
+    def expectations(self) -> Expectations:
+        return Expectations(
+            gpus=self.expected_gpus, nics=self.expected_nics, link_gbps=self.expected_link_gbps
+        )
+
+    def timeout_for(self, check: str) -> float:
+        return self.timeouts.get(check, self.default_timeout_s)
+
+    def with_overrides(self, **overrides: Any) -> Config:
+        """A copy with the non-``None`` overrides applied and validated (CLI flags win)."""
+        merged = self.model_dump()
+        merged.update({k: v for k, v in overrides.items() if v is not None})
+        return build_config(merged, origin="command line")
+
+
+def build_config(data: dict[str, Any], origin: str) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origin)) from None
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and validate a YAML config file; ``None`` gives the defaults."""
+    if path is None:
+        return Config()
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return build_config(data, origin=str(path))
+
+
+def _describe(exc: ValidationError, origin: str) -> str:
+    problems = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            problems.append(f"{key}: unknown key (known keys: {', '.join(Config.model_fields)})")
+        else:
+            problems.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+    return f"{origin}: invalid configuration: " + "; ".join(problems)

@@ -1,0 +1,276 @@
+"""Where checks get their raw text: the live node, or a captured bundle directory.
+
+This is the seam that keeps checks pure: a check asks for an :class:`Artifact` and parses
+what comes back, without knowing whether a tool ran or a file was read. Tests point it at a
+bundle of real captured outputs, or put fake tools first on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from gpuguard.config import Config
+from gpuguard.errors import CheckFailed, CheckTimedOut, ToolMissing
+
+MAX_OUTPUT_BYTES = 64 * 1024 * 1024
+
+
+class Artifact(StrEnum):
+    """A raw diagnostic output; the value is its file name inside a bundle."""
+
+    NVIDIA_SMI_XML = "nvidia-smi.xml"
+    NVIDIA_SMI_TEXT = "nvidia-smi.txt"
+    KERNEL_LOG = "kmsg.log"
+    DCGMI_HEALTH = "dcgmi-health.json"
+    DCGMI_DIAG = "dcgmi-diag.json"
+    DCGM_METRICS = "dcgm-metrics.prom"
+    IBSTAT = "ibstat.txt"
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """A tool's standard output and exit status (or a bundle file, exit status 0)."""
+
+    text: str
+    exit_code: int
+    origin: str
+
+
+class Sources(Protocol):
+    """Gives checks their raw inputs. ``live`` is False for an offline bundle."""
+
+    live: bool
+
+    def read(self, artifact: Artifact, timeout_s: float) -> ToolOutput:
+        """The artifact's text; raises ToolMissing, CheckTimedOut or CheckFailed."""
+        ...
+
+    def infiniband_root(self) -> Path:
+        """The directory that mirrors ``/sys/class/infiniband``."""
+        ...
+
+    def infiniband_root_later(self) -> Path | None:
+        """A second counter sample taken after the first (None: none available)."""
+        ...
+
+
+def run_tool(argv: list[str], timeout_s: float) -> ToolOutput:
+    """Run a diagnostic with a hard timeout; never blocks past it.
+
+    The tool runs in its own process group, which is killed on timeout. A process stuck
+    in the kernel (a GPU driver call can be) may survive SIGKILL; it is then reaped by a
+    background thread and this function returns anyway.
+    """
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise ToolMissing(f"{argv[0]}: not found") from None
+    except PermissionError:
+        raise CheckFailed(f"{argv[0]}: not executable") from None
+    except OSError as exc:
+        raise CheckFailed(f"{argv[0]}: cannot start: {exc.strerror}") from None
+    holder: dict[str, tuple[bytes, bytes]] = {}
+    reader = threading.Thread(
+        target=lambda: holder.setdefault("out", proc.communicate()), daemon=True
+    )
+    reader.start()
+    reader.join(timeout_s)
+    if reader.is_alive():
+        _kill_group(proc)
+        reader.join(0.2)
+        command = " ".join(argv)
+        raise CheckTimedOut(f"{command}: no result after {timeout_s:g}s, killed")
+    stdout, stderr = holder["out"]
+    text = stdout[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace")
+    if proc.returncode < 0:
+        name = _signal_name(-proc.returncode)
+        detail = stderr.decode("utf-8", errors="replace").strip()[-300:]
+        raise CheckFailed(f"{argv[0]}: killed by {name}" + (f": {detail}" if detail else ""))
+    return ToolOutput(text, proc.returncode, " ".join(argv))
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    threading.Thread(target=proc.wait, daemon=True).start()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def stderr_hint(output: ToolOutput) -> str:
+    """A short description of a tool run for messages."""
+    return f"{output.origin} exited {output.exit_code}"
+
+
+class LiveSources:
+    """Runs the node's own tools (found on PATH, or where the config says)."""
+
+    live = True
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+
+    def tool(self, name: str) -> str:
+        path = self._config.tools.get(name) or shutil.which(name)
+        if not path:
+            raise ToolMissing(f"{name}: not found on PATH")
+        return path
+
+    def read(self, artifact: Artifact, timeout_s: float) -> ToolOutput:
+        match artifact:
+            case Artifact.NVIDIA_SMI_XML:
+                return run_tool([self.tool("nvidia-smi"), "-q", "-x"], timeout_s)
+            case Artifact.NVIDIA_SMI_TEXT:
+                return run_tool([self.tool("nvidia-smi"), "-q"], timeout_s)
+            case Artifact.DCGMI_HEALTH:
+                dcgmi = self.tool("dcgmi")
+                # Watches must be set before a health query reports anything.
+                run_tool([dcgmi, "health", "-s", "a"], timeout_s)
+                return run_tool([dcgmi, "health", "-c", "-j"], timeout_s)
+            case Artifact.DCGMI_DIAG:
+                level = self._config.dcgm_diag_level
+                if level is None:
+                    raise ToolMissing("dcgmi diag: not enabled (set dcgm_diag_level)")
+                return run_tool([self.tool("dcgmi"), "diag", "-r", str(level), "-j"], timeout_s)
+            case Artifact.DCGM_METRICS:
+                return self._fetch_metrics(timeout_s)
+            case Artifact.KERNEL_LOG:
+                return self._kernel_log(timeout_s)
+            case Artifact.IBSTAT:
+                return run_tool([self.tool("ibstat")], timeout_s)
+        raise ToolMissing(f"{artifact}: no live source")  # pragma: no cover
+
+    def infiniband_root(self) -> Path:
+        return self._config.infiniband_sysfs
+
+    def infiniband_root_later(self) -> Path | None:
+        return None
+
+    def _fetch_metrics(self, timeout_s: float) -> ToolOutput:
+        url = self._config.dcgm_exporter_url
+        if not url:
+            raise ToolMissing("dcgm-exporter: no URL configured (dcgm_exporter_url)")
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                body: bytes = response.read(MAX_OUTPUT_BYTES)
+        except TimeoutError:
+            raise CheckTimedOut(f"{url}: no answer after {timeout_s:g}s") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise CheckFailed(f"{url}: {exc}") from None
+        return ToolOutput(body.decode("utf-8", errors="replace"), 0, url)
+
+    def _kernel_log(self, timeout_s: float) -> ToolOutput:
+        choice = self._config.kernel_log
+        if choice not in ("auto", "kmsg", "journalctl", "dmesg"):
+            return read_file(Path(choice))
+        attempts: list[str] = []
+        for method in ("kmsg", "journalctl", "dmesg") if choice == "auto" else (choice,):
+            try:
+                if method == "kmsg":
+                    return read_kmsg_snapshot(Path("/dev/kmsg"))
+                if method == "journalctl":
+                    argv = [self.tool("journalctl"), "-k", "-b", "--no-pager", "-q"]
+                else:
+                    argv = [self.tool("dmesg"), "--time-format=iso"]
+                output = run_tool(argv, timeout_s)
+                if output.exit_code != 0:
+                    raise CheckFailed(f"{output.origin} exited {output.exit_code}")
+                return output
+            except (ToolMissing, CheckFailed) as exc:
+                attempts.append(str(exc))
+        raise CheckFailed("kernel log unreadable: " + "; ".join(attempts))
+
+
+def read_kmsg_snapshot(path: Path) -> ToolOutput:
+    """Everything currently in the kernel ring buffer, read without blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ToolMissing(f"{path}: not present") from None
+    except OSError as exc:
+        raise CheckFailed(f"{path}: cannot open: {exc.strerror}") from None
+    records: list[bytes] = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:
+                continue  # the ring buffer overwrote records we had not read yet
+            if not record:
+                break
+            records.append(record)
+    finally:
+        os.close(fd)
+    text = b"".join(records).decode("utf-8", errors="replace")
+    return ToolOutput(text, 0, str(path))
+
+
+def read_file(path: Path) -> ToolOutput:
+    try:
+        return ToolOutput(path.read_text(errors="replace"), 0, str(path))
+    except FileNotFoundError:
+        raise ToolMissing(f"{path}: no such file") from None
+    except OSError as exc:
+        raise CheckFailed(f"{path}: cannot read: {exc.strerror}") from None
+
+
+class BundleSources:
+    """Reads a captured bundle directory (see docs/bundles.md for the layout)."""
+
+    live = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def read(self, artifact: Artifact, timeout_s: float) -> ToolOutput:
+        if artifact is Artifact.KERNEL_LOG and not (self.root / artifact.value).exists():
+            artifact_path = self.root / "dmesg.log"
+        else:
+            artifact_path = self.root / artifact.value
+        output = read_file(artifact_path)
+        if artifact is Artifact.DCGMI_DIAG:
+            output = ToolOutput(output.text, _recorded_exit_code(self.root), output.origin)
+        return output
+
+    def infiniband_root(self) -> Path:
+        return self.root / "sysfs"
+
+    def infiniband_root_later(self) -> Path | None:
+        later = self.root / "sysfs-later"
+        return later if later.is_dir() else None
+
+
+def _recorded_exit_code(root: Path) -> int:
+    path = root / "dcgmi-diag.exitcode"
+    if not path.exists():
+        return 0
+    text = path.read_text().strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise CheckFailed(f"{path}: not an exit code: {text[:40]!r}") from None
