@@ -4,6 +4,7 @@
      ├── ConfigError          bad configuration or expectations; fix the input
      └── CheckError           a check could not produce a verdict (fail closed)
           ├── ToolMissing     the tool, library or bundle file is absent; try the fallback
+          ├── NotApplicable   nothing of this kind on the node, and none expected
           ├── CheckTimedOut   the tool did not finish within its timeout
           ├── CheckFailed     the tool ran but failed without usable output
           └── ParseError      the output is not the documented format (garbled, truncated)
@@ -26,6 +27,13 @@ class CheckError(GpuguardError):
 
 class ToolMissing(CheckError):
     """The diagnostic tool, library or bundle file needed by a check is not available."""
+
+
+class NotApplicable(CheckError):
+    """The node has nothing this check looks at (no RDMA adapter, say) and none was expected.
+
+    Unlike :class:`ToolMissing` this is a verdict: the check looked and confirmed absence.
+    """
 
 
 class CheckTimedOut(CheckError):

@@ -64,6 +64,7 @@ class Outcome(StrEnum):
     """How a check run ended, independent of what it found."""
 
     OK = "ok"
+    NOT_APPLICABLE = "not_applicable"
     TOOL_MISSING = "tool_missing"
     TIMED_OUT = "timed_out"
     FAILED = "failed"
@@ -75,6 +76,7 @@ CHECK_TIMED_OUT = "CHECK_TIMED_OUT"
 CHECK_FAILED = "CHECK_FAILED"
 OUTPUT_UNPARSEABLE = "OUTPUT_UNPARSEABLE"
 TOOL_MISSING = "TOOL_MISSING"
+NOT_APPLICABLE = "NOT_APPLICABLE"
 INCONCLUSIVE_CODES = frozenset({CHECK_TIMED_OUT, CHECK_FAILED, OUTPUT_UNPARSEABLE})
 
 OUTCOME_CODES = {
@@ -82,6 +84,7 @@ OUTCOME_CODES = {
     Outcome.FAILED: CHECK_FAILED,
     Outcome.UNPARSEABLE: OUTPUT_UNPARSEABLE,
     Outcome.TOOL_MISSING: TOOL_MISSING,
+    Outcome.NOT_APPLICABLE: NOT_APPLICABLE,
 }
 
 
@@ -182,7 +185,8 @@ class CheckResult:
 
     @property
     def answered(self) -> bool:
-        return self.outcome is Outcome.OK
+        """The check gave a verdict (including "nothing here to check")."""
+        return self.outcome in (Outcome.OK, Outcome.NOT_APPLICABLE)
 
 
 @dataclass

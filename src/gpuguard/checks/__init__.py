@@ -1,0 +1,1 @@
+"""One module per signal source; see ``registry`` for the list the runner uses."""

@@ -37,3 +37,11 @@ class Check(Protocol):
     layer: ClassVar[Layer]
 
     def run(self, ctx: CheckContext) -> list[Finding]: ...
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """``check`` runs only when ``primary`` gave no verdict (or when cross-checking)."""
+
+    check: str
+    primary: str

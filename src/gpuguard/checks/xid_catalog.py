@@ -142,7 +142,7 @@ def rule_for(xid: int) -> XidRule:
         investigatory=row["investigatory_action"] if row else "",
         severity=base.severity,
         action=base.action,
-        application=bucket in ("RESTART_APP", "IGNORE") or xid == 43,
+        application=bucket == "RESTART_APP" or xid == 43,
         why=base.why,
     )
 

@@ -1,0 +1,263 @@
+"""Turning kernel log events into findings: one finding per incident, not per line.
+
+A crashing job prints hundreds of Xid 13 lines on every GPU it used; that is one
+application incident that recommends at most killing the job. A hardware Xid gives one
+finding per GPU and code. Xid 45 follows the Xid it names; "fallen off the bus" without an
+Xid 79 still counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpuguard.checks.xid_catalog import rule_for, xid_finding
+from gpuguard.model import (
+    NODE,
+    Action,
+    Component,
+    Finding,
+    Layer,
+    Severity,
+    gpu,
+    nic,
+)
+
+if TYPE_CHECKING:
+    from gpuguard.checks.kernel_log import KernelEvent
+
+# Xids that only ever follow another one in the same incident.
+_FOLLOWERS = frozenset({43, 45})
+
+# EFA driver messages (as matched text prefix) -> (code, severity, action).
+# The admin-queue failures mean the device no longer answers its driver: only a new
+# machine fixes that on EC2. A failed single command is worth a warning.
+EFA_RULES: tuple[tuple[str, str, Severity, Action], ...] = (
+    ("Wait for completion (polling) timeout", "EFA_ADMIN_TIMEOUT", Severity.CRITICAL, Action.REPLACE),
+    ("The device didn't send any completion", "EFA_ADMIN_TIMEOUT", Severity.CRITICAL, Action.REPLACE),
+    ("Admin queue is closed", "EFA_ADMIN_QUEUE_CLOSED", Severity.CRITICAL, Action.REPLACE),
+    ("Reset indication didn't turn", "EFA_RESET_FAILED", Severity.CRITICAL, Action.REPLACE),
+    ("Device isn't ready", "EFA_DEVICE_NOT_READY", Severity.CRITICAL, Action.REPLACE),
+    ("Failed to process command", "EFA_COMMAND_FAILED", Severity.WARNING, Action.NONE),
+    ("Failed to submit command", "EFA_COMMAND_FAILED", Severity.WARNING, Action.NONE),
+)
+
+# Kernel-level faults (matched kind) -> (layer, code, severity, action).
+KERNEL_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
+    "soft lockup": (Layer.KERNEL, "KERNEL_SOFT_LOCKUP", Severity.WARNING, Action.NONE),
+    "blocked for more than": (Layer.KERNEL, "KERNEL_HUNG_TASK", Severity.WARNING, Action.NONE),
+    "kernel BUG at": (Layer.KERNEL, "KERNEL_BUG", Severity.CRITICAL, Action.REBOOT),
+    "BUG: unable to handle": (Layer.KERNEL, "KERNEL_BUG", Severity.CRITICAL, Action.REBOOT),
+    "Oops: ": (Layer.KERNEL, "KERNEL_OOPS", Severity.CRITICAL, Action.REBOOT),
+    "Hardware Error": (Layer.KERNEL, "MACHINE_CHECK", Severity.WARNING, Action.NONE),
+    "NVRM: API mismatch": (Layer.KERNEL, "NVIDIA_DRIVER_MISMATCH", Severity.CRITICAL, Action.REBOOT),
+    "RmInitAdapter failed": (Layer.GPU, "GPU_INIT_FAILED", Severity.CRITICAL, Action.REBOOT),
+}
+
+
+@dataclass
+class _Group:
+    """Lines that make up one incident."""
+
+    first: KernelEvent
+    lines: int = 0
+    devices: list[str] = field(default_factory=list)
+    processes: list[str] = field(default_factory=list)
+    followers: set[int] = field(default_factory=set)
+
+    def add(self, event: KernelEvent) -> None:
+        self.lines += 1
+        if event.device not in self.devices:
+            self.devices.append(event.device)
+        who = _process_label(event)
+        if who and who not in self.processes:
+            self.processes.append(who)
+
+
+def findings_for_events(events: Sequence[KernelEvent], source: str) -> list[Finding]:
+    """One finding per incident, in the order incidents first appear."""
+    findings: list[Finding] = []
+    findings += _xid_findings([e for e in events if e.kind == "xid"], source)
+    findings += _fallen_off_bus_findings(events, source)
+    findings += _sxid_findings([e for e in events if e.kind == "sxid"], source)
+    findings += _efa_findings([e for e in events if e.kind == "efa"], source)
+    findings += _kernel_findings([e for e in events if e.kind == "kernel"], source)
+    return findings
+
+
+def _xid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
+    app_groups: dict[int, _Group] = {}
+    hw_groups: dict[tuple[int, str], _Group] = {}
+    last_app: _Group | None = None
+    seen = {(e.code, e.device) for e in events}
+    for event in events:
+        code = event.code if event.code is not None else -1
+        if code in _FOLLOWERS and event.caused_by is None and last_app is not None:
+            last_app.followers.add(code)
+            last_app.add(event)
+            continue
+        if code == 45 and event.caused_by is not None:
+            if (event.caused_by, event.device) in seen:
+                continue  # the Xid it names is in this log and speaks for itself
+            key = (code, event.device)
+            hw_groups.setdefault(key, _Group(event)).add(event)
+            continue
+        if rule_for(code).application:
+            group = app_groups.setdefault(code, _Group(event))
+            group.add(event)
+            last_app = group
+        else:
+            hw_groups.setdefault((code, event.device), _Group(event)).add(event)
+    findings = [_app_incident(code, group, source) for code, group in app_groups.items()]
+    findings += [_hardware_xid(group, source) for group in hw_groups.values()]
+    return findings
+
+
+def _app_incident(code: int, group: _Group, source: str) -> Finding:
+    base = xid_finding(code, gpu(group.first.device), source, group.first.line, group.first.text)
+    parts = [f"Xid {code} ({rule_for(code).description}): one application incident"]
+    parts.append(f"{group.lines} line(s) on {len(group.devices)} GPU(s) " + ", ".join(
+        gpu(d).id for d in group.devices))
+    if group.followers:
+        parts.append("followed by Xid " + "/".join(str(c) for c in sorted(group.followers)))
+    if group.processes:
+        parts.append("process " + ", ".join(group.processes))
+    return Finding(
+        layer=base.layer,
+        code=base.code,
+        severity=base.severity,
+        # An application fault never asks for more than killing the job.
+        action=min(base.action, Action.KILL_JOB),
+        component=base.component,
+        source=source,
+        message="; ".join(parts),
+        evidence=group.first.line,
+    )
+
+
+def _hardware_xid(group: _Group, source: str) -> Finding:
+    event = group.first
+    code = event.code if event.code is not None else -1
+    component = gpu(event.device)
+    if code == 45 and event.caused_by is not None:
+        followed = xid_finding(event.caused_by, component, source, event.line)
+        return Finding(
+            layer=Layer.GPU,
+            code="XID_45",
+            severity=followed.severity,
+            action=followed.action,
+            component=component,
+            source=source,
+            message=(
+                f"Xid 45 on {component.id} caused by Xid {event.caused_by}, whose own line is "
+                f"not in this log: acting as for Xid {event.caused_by}"
+            ),
+            evidence=event.line,
+        )
+    finding = xid_finding(code, component, source, event.line, event.text)
+    if group.lines > 1:
+        finding = _with_message(finding, f"{finding.message} ({group.lines} lines)")
+    return finding
+
+
+def _fallen_off_bus_findings(events: Sequence[KernelEvent], source: str) -> list[Finding]:
+    with_xid79 = {gpu(e.device).id for e in events if e.kind == "xid" and e.code == 79}
+    reported: set[str] = set()
+    findings = []
+    for event in events:
+        if event.kind != "fallen_off_bus":
+            continue
+        component = gpu(event.device)
+        if component.id in with_xid79 or component.id in reported:
+            continue
+        reported.add(component.id)
+        findings.append(
+            Finding(
+                layer=Layer.GPU,
+                code="GPU_FALLEN_OFF_BUS",
+                severity=Severity.CRITICAL,
+                action=Action.REBOOT,
+                component=component,
+                source=source,
+                message=f"{component.id} has fallen off the PCIe bus (no Xid 79 logged)",
+                evidence=event.line,
+            )
+        )
+    return findings
+
+
+def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
+    groups: dict[tuple[int | None, str], list[KernelEvent]] = {}
+    for event in events:
+        groups.setdefault((event.code, event.device), []).append(event)
+    findings = []
+    for (code, device), lines in groups.items():
+        fatal = any(e.text.startswith("Fatal") for e in lines)
+        links = sorted({e.text.split(",")[1].strip() for e in lines if e.text.count(",") >= 1
+                        and "Link" in e.text.split(",")[1]})
+        component = Component("nvswitch", gpu(device).id)
+        findings.append(
+            Finding(
+                layer=Layer.GPU,
+                code=f"SXID_{code}",
+                # A fatal NVSwitch error takes the fabric down for every GPU: the node must
+                # restart (fabric manager included); non-fatal ones are worth watching.
+                severity=Severity.CRITICAL if fatal else Severity.WARNING,
+                action=Action.REBOOT if fatal else Action.NONE,
+                component=component,
+                source=source,
+                message=(
+                    f"NVSwitch SXid {code} on {lines[0].process} ({component.id}), "
+                    f"{'fatal' if fatal else 'non-fatal'}" + (f": {', '.join(links)}" if links else "")
+                ),
+                evidence=next((e.line for e in lines if e.text.startswith("Fatal")), lines[0].line),
+            )
+        )
+    return findings
+
+
+def _efa_findings(events: list[KernelEvent], source: str) -> list[Finding]:
+    findings: dict[tuple[str, str], Finding] = {}
+    for event in events:
+        for prefix, code, severity, action in EFA_RULES:
+            if event.text.startswith(prefix):
+                key = (code, event.device)
+                if key not in findings:
+                    findings[key] = Finding(
+                        layer=Layer.NETWORK,
+                        code=code,
+                        severity=severity,
+                        action=action,
+                        component=nic(event.device),
+                        source=source,
+                        message=f"EFA device {event.device}: {event.text}",
+                        evidence=event.line,
+                    )
+                break
+    return list(findings.values())
+
+
+def _kernel_findings(events: list[KernelEvent], source: str) -> list[Finding]:
+    findings: dict[str, Finding] = {}
+    for event in events:
+        for kind, (layer, code, severity, action) in KERNEL_RULES.items():
+            if event.text.startswith(kind) and code not in findings:
+                findings[code] = Finding(
+                    layer, code, severity, action, NODE, source,
+                    f"kernel reported: {event.text}", event.line,
+                )
+    return list(findings.values())
+
+
+def _process_label(event: KernelEvent) -> str:
+    if event.process and event.pid:
+        return f"{event.process} (pid {event.pid})"
+    return event.process or (f"pid {event.pid}" if event.pid else "")
+
+
+def _with_message(finding: Finding, message: str) -> Finding:
+    return Finding(
+        finding.layer, finding.code, finding.severity, finding.action,
+        finding.component, finding.source, message, finding.evidence,
+    )

@@ -1,0 +1,30 @@
+"""The list of checks the runner uses, and which ones stand in for which.
+
+Adding a source means adding a module under ``checks/`` with a class that implements
+:class:`gpuguard.checks.base.Check` and listing it in :func:`default_checks`.
+"""
+
+from __future__ import annotations
+
+from gpuguard.checks.dcgm import DcgmCheck, DcgmExporterCheck
+from gpuguard.checks.kernel_log import KernelLogCheck
+from gpuguard.checks.network import NetworkCheck
+from gpuguard.checks.nvml import NvmlCheck
+from gpuguard.checks.smi import SmiCheck
+from gpuguard.checks.base import Check, Fallback
+
+# GPU sources in order of preference: DCGM, then NVML, then nvidia-smi. The kernel log
+# comes first so that its Xid lines (the richest evidence) win when sources overlap.
+FALLBACKS = (Fallback(check="nvidia-smi", primary="nvml"),)
+
+
+def default_checks() -> list[Check]:
+    """Every check, in the order their findings are preferred when two report the same."""
+    return [
+        KernelLogCheck(),
+        DcgmCheck(),
+        NvmlCheck(),
+        SmiCheck(),
+        DcgmExporterCheck(),
+        NetworkCheck(),
+    ]

@@ -1,0 +1,133 @@
+"""The ``gpuguard`` command: a thin shell over the checks, the runner and the bundle code.
+
+Exit status of ``gpuguard check``: 0 Healthy, 1 Degraded, 2 Unhealthy, 3 Unknown (only
+with ``--no-fail-closed``); 64 for bad usage or configuration. Errors are one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from gpuguard import __version__
+from gpuguard.bundle import collect
+from gpuguard.checks.registry import FALLBACKS, default_checks
+from gpuguard.checks.xid_catalog import OVERRIDES, rule_for
+from gpuguard.config import Config, load_config
+from gpuguard.errors import ConfigError
+from gpuguard.model import Status
+from gpuguard.render import to_json, to_table
+from gpuguard.runner import run_all
+from gpuguard.sources import BundleSources, LiveSources, Sources
+
+EXIT_CODES = {Status.HEALTHY: 0, Status.DEGRADED: 1, Status.UNHEALTHY: 2, Status.UNKNOWN: 3}
+EXIT_USAGE = 64
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpuguard", description="GPU node health checks.")
+    parser.add_argument("--version", action="version", version=f"gpuguard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = commands.add_parser(
+        "check",
+        help="check this node (or a captured bundle) through every diagnostic layer",
+        epilog="exit status: 0 Healthy, 1 Degraded, 2 Unhealthy, 3 Unknown, 64 usage error",
+    )
+    check.add_argument("--bundle", type=Path, metavar="DIR", help="inspect a captured bundle offline")
+    check.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
+    check.add_argument("--expected-gpus", type=int, metavar="N")
+    check.add_argument("--expected-nics", type=int, metavar="N", help="RDMA adapters (EFA/IB)")
+    check.add_argument("--expected-link-gbps", type=float, metavar="G", help="minimum port rate")
+    check.add_argument("--timeout", type=float, metavar="S", help="default per-check timeout")
+    check.add_argument(
+        "--no-fail-closed",
+        action="store_true",
+        help="report a layer whose checks gave no verdict as Unknown, not Unhealthy",
+    )
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument("-v", "--verbose", action="store_true", help="list informational findings")
+
+    bundle = commands.add_parser("bundle", help="capture diagnostics for offline triage")
+    bundle_commands = bundle.add_subparsers(dest="bundle_command", required=True, parser_class=_Parser)
+    bundle_collect = bundle_commands.add_parser("collect", help="capture this node into DIR")
+    bundle_collect.add_argument("directory", type=Path, metavar="DIR")
+    bundle_collect.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
+
+    xid = commands.add_parser("xid", help="explain an Xid code and what gpuguard does about it")
+    xid.add_argument("code", type=int, metavar="N")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "check":
+            return _check(args)
+        if args.command == "bundle":
+            return _bundle_collect(args)
+        return _explain_xid(args.code)
+    except ConfigError as exc:
+        print(f"gpuguard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = load_config(args.config).with_overrides(
+        expected_gpus=args.expected_gpus,
+        expected_nics=args.expected_nics,
+        expected_link_gbps=args.expected_link_gbps,
+        default_timeout_s=args.timeout,
+        fail_closed=False if args.no_fail_closed else None,
+    )
+    sources: Sources
+    if args.bundle is not None:
+        if not args.bundle.is_dir():
+            raise ConfigError(f"--bundle {args.bundle}: not a directory")
+        sources = BundleSources(args.bundle)
+    else:
+        sources = LiveSources(config)
+    report = run_all(default_checks(), sources, config, FALLBACKS)
+    origin = str(args.bundle) if args.bundle is not None else "live node"
+    if args.json:
+        print(to_json(report, origin=origin))
+    else:
+        print(f"gpuguard check: {origin}")
+        print(to_table(report, verbose=args.verbose))
+    return EXIT_CODES[report.status]
+
+
+def _bundle_collect(args: argparse.Namespace) -> int:
+    config: Config = load_config(args.config)
+    manifest = collect(args.directory, config, progress=lambda m: print(m, file=sys.stderr))
+    for name, note in manifest.items():
+        print(f"{name:<20} {note}")
+    print(f"bundle written to {args.directory}; inspect with: gpuguard check --bundle {args.directory}")
+    return 0
+
+
+def _explain_xid(code: int) -> int:
+    rule = rule_for(code)
+    print(f"Xid {code}: {rule.mnemonic}")
+    print(f"  meaning:         {rule.description}")
+    print(f"  NVIDIA bucket:   {rule.bucket} (investigate: {rule.investigatory or '-'})")
+    print(f"  gpuguard action: {rule.action} (severity {rule.severity})")
+    print(f"  why:             {rule.why}")
+    if code in OVERRIDES:
+        print("  note:            gpuguard overrides the catalog bucket for this code")
+    if rule.application:
+        print("  application:     yes; a burst across GPUs from one job is one incident")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Human and machine renderings of a node report."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from gpuguard.model import NodeReport, Severity, Status
+
+_MARK = {
+    Status.HEALTHY: "ok",
+    Status.DEGRADED: "!!",
+    Status.UNKNOWN: "??",
+    Status.UNHEALTHY: "XX",
+}
+
+
+def to_json(report: NodeReport, **extra: object) -> str:
+    return json.dumps({**report.to_dict(), **extra}, indent=2)
+
+
+def to_table(report: NodeReport, *, verbose: bool = False, width: int = 100) -> str:
+    """A readable summary: one block per layer, worst findings first.
+
+    Informational findings (a tool that is not installed, a fact the source cannot
+    measure) are only listed with ``verbose``.
+    """
+    lines = [f"node: {report.status} (recommended action: {report.action})"]
+    for layer, health in report.layers.items():
+        answered = ", ".join(health.answered_by) or "no source answered"
+        lines.append(f"\n[{_MARK[health.status]}] {layer:<8} {health.status:<10} via {answered}")
+        shown = [f for f in health.findings if verbose or f.severity > Severity.INFO]
+        hidden = len(health.findings) - len(shown)
+        for finding in shown:
+            head = f"  {str(finding.severity):<8} {finding.code:<26} {finding.action!s:<9} "
+            body = f"{finding.component}: {finding.message} [{finding.source}]"
+            wrapped = textwrap.wrap(body, width=max(40, width - len(head)))
+            lines.append(head + wrapped[0])
+            lines.extend(" " * len(head) + rest for rest in wrapped[1:])
+        if hidden:
+            lines.append(f"  ({hidden} informational finding(s); --verbose shows them)")
+    return "\n".join(lines)

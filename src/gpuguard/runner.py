@@ -1,0 +1,176 @@
+"""Runs checks isolated, each under a hard timeout, and turns their results into layer health.
+
+Fail closed: a check that hangs, crashes, or returns garbage becomes an explicit finding
+(``CHECK_TIMED_OUT``, ``CHECK_FAILED``, ``OUTPUT_UNPARSEABLE``) that keeps its layer from
+being Healthy. Each check runs in its own thread; if one is stuck where it cannot be
+interrupted (an NVML call blocked in the driver), the runner abandons it at its deadline and
+still returns on time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuguard.checks.base import Check, CheckContext, Fallback
+from gpuguard.config import Config
+from gpuguard.errors import (
+    CheckError,
+    CheckFailed,
+    CheckTimedOut,
+    NotApplicable,
+    ParseError,
+    ToolMissing,
+)
+from gpuguard.model import (
+    NODE,
+    OUTCOME_CODES,
+    Action,
+    CheckResult,
+    Finding,
+    Layer,
+    NodeReport,
+    Outcome,
+    Severity,
+    assess_layer,
+)
+from gpuguard.sources import Sources
+
+# Time a check gets past its own timeout to notice it and report (its tools are killed
+# at the timeout itself; this margin only matters for checks stuck in-process).
+GRACE_S = 0.5
+
+_OUTCOME_FOR_ERROR: tuple[tuple[type[CheckError], Outcome], ...] = (
+    (ToolMissing, Outcome.TOOL_MISSING),
+    (NotApplicable, Outcome.NOT_APPLICABLE),
+    (CheckTimedOut, Outcome.TIMED_OUT),
+    (ParseError, Outcome.UNPARSEABLE),
+    (CheckFailed, Outcome.FAILED),
+)
+
+
+def run_check(check: Check, ctx: CheckContext) -> CheckResult:
+    """One check under its timeout; never raises and never takes much longer than it."""
+    return _collect(_start(check, ctx))
+
+
+def run_all(
+    checks: Sequence[Check],
+    sources: Sources,
+    config: Config,
+    fallbacks: Sequence[Fallback] = (),
+) -> NodeReport:
+    """Run every check (concurrently), then the fallbacks that are needed; assess layers."""
+    secondary = {f.check for f in fallbacks}
+    first_wave = [c for c in checks if c.name not in secondary]
+    results = [_collect(p) for p in [_start(c, _context(c, sources, config)) for c in first_wave]]
+    answered = {r.check for r in results if r.answered}
+    for fallback in fallbacks:
+        check = next((c for c in checks if c.name == fallback.check), None)
+        if check is None:
+            continue
+        if fallback.primary not in answered or config.cross_check:
+            results.append(run_check(check, _context(check, sources, config)))
+    order = [c.name for c in checks]
+    results.sort(key=lambda r: order.index(r.check))
+    return assess(results, fail_closed=config.fail_closed)
+
+
+def assess(results: Sequence[CheckResult], *, fail_closed: bool) -> NodeReport:
+    """Layer health from check results: findings go to the layer they are about."""
+    findings = _deduplicate([f for r in results for f in r.findings])
+    layers = {}
+    for layer in Layer:
+        own = [r for r in results if r.layer is layer]
+        layers[layer] = assess_layer(
+            layer,
+            [f for f in findings if f.layer is layer],
+            answered_by=[r.check for r in own if r.answered],
+            not_answered=[f"{r.check} ({r.outcome})" for r in own if not r.answered],
+            fail_closed=fail_closed,
+        )
+    return NodeReport(layers, list(results))
+
+
+def _deduplicate(findings: list[Finding]) -> list[Finding]:
+    """Keep the first report of each (code, component): sources overlap on purpose."""
+    seen: set[tuple[str, str, str]] = set()
+    unique = []
+    for finding in findings:
+        key = (finding.code, finding.component.kind, finding.component.id)
+        if key not in seen:
+            seen.add(key)
+            unique.append(finding)
+    return unique
+
+
+def _context(check: Check, sources: Sources, config: Config) -> CheckContext:
+    return CheckContext(sources=sources, config=config, timeout_s=config.timeout_for(check.name))
+
+
+@dataclass
+class _Pending:
+    check: Check
+    ctx: CheckContext
+    thread: threading.Thread
+    started: float
+    box: dict[str, object]
+
+
+def _start(check: Check, ctx: CheckContext) -> _Pending:
+    box: dict[str, object] = {}
+    thread = threading.Thread(
+        target=_run_into, args=(check, ctx, box), name=f"check-{check.name}", daemon=True
+    )
+    started = time.monotonic()
+    thread.start()
+    return _Pending(check, ctx, thread, started, box)
+
+
+def _run_into(check: Check, ctx: CheckContext, box: dict[str, object]) -> None:
+    try:
+        box["findings"] = check.run(ctx)
+    except BaseException as exc:  # a broken check is a verdict, not a crash
+        box["error"] = exc
+
+
+def _collect(pending: _Pending) -> CheckResult:
+    deadline = pending.started + pending.ctx.timeout_s + GRACE_S
+    pending.thread.join(max(0.0, deadline - time.monotonic()))
+    elapsed = time.monotonic() - pending.started
+    check = pending.check
+    if pending.thread.is_alive():
+        return _inconclusive(
+            check,
+            Outcome.TIMED_OUT,
+            f"{check.name}: no result after {pending.ctx.timeout_s:g}s; abandoned",
+            elapsed,
+        )
+    error = pending.box.get("error")
+    if error is None:
+        findings = pending.box.get("findings")
+        if not isinstance(findings, list):
+            return _inconclusive(check, Outcome.FAILED, f"{check.name}: returned no findings list", elapsed)
+        return CheckResult(check.name, check.layer, Outcome.OK, findings, elapsed)
+    for error_type, outcome in _OUTCOME_FOR_ERROR:
+        if isinstance(error, error_type):
+            return _inconclusive(check, outcome, f"{check.name}: {error}", elapsed)
+    detail = f"{check.name}: internal error: {type(error).__name__}: {error}"
+    return _inconclusive(check, Outcome.FAILED, detail, elapsed)
+
+
+def _inconclusive(check: Check, outcome: Outcome, detail: str, elapsed: float) -> CheckResult:
+    # Missing tools and absent hardware are facts, not faults; the rest block "Healthy".
+    quiet = outcome in (Outcome.TOOL_MISSING, Outcome.NOT_APPLICABLE)
+    finding = Finding(
+        layer=check.layer,
+        code=OUTCOME_CODES[outcome],
+        severity=Severity.INFO if quiet else Severity.WARNING,
+        action=Action.NONE,
+        component=NODE,
+        source=check.name,
+        message=detail,
+    )
+    return CheckResult(check.name, check.layer, outcome, [finding], elapsed, detail)

@@ -1,0 +1,190 @@
+"""Fail closed, with real processes: a diagnostic that hangs, crashes or prints garbage
+gives an explicit verdict on time, and never lets its layer read as Healthy."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuguard.checks.base import CheckContext
+from gpuguard.checks.dcgm import DcgmCheck
+from gpuguard.checks.smi import SmiCheck
+from gpuguard.config import Config
+from gpuguard.model import Layer, Outcome, Status
+from gpuguard.runner import GRACE_S, assess, run_check
+from gpuguard.sources import LiveSources
+from tests.conftest import DATA
+
+TIMEOUT_S = 1.0
+# Time allowed past the timeout for killing the tool and reporting.
+MARGIN_S = GRACE_S + 1.0
+
+XML = DATA / "nvidia-smi-q-x_a10g_515.105.01_v11.xml"
+
+FAKE_TOOLS = {
+    "hangs": "#!/bin/sh\nexec sleep 1000\n",
+    # Ignores SIGTERM and leaves a grandchild holding stdout open.
+    "hangs_stubbornly": "#!/bin/sh\ntrap '' TERM\nsleep 1000 &\nwait\n",
+    "exits_1": "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\nexit 1\n",
+    "segfaults": "#!/bin/sh\nkill -SEGV $$\n",
+    "half_document": f"#!/bin/sh\nhead -c 2500 '{XML}'\n",
+    "garbage": "#!/bin/sh\necho 'lorem ipsum <gpu> not xml'\n",
+}
+
+
+def make_tool(directory: Path, name: str, body: str, executable: bool = True) -> Path:
+    path = directory / name
+    path.write_text(body)
+    mode = stat.S_IRUSR | stat.S_IWUSR | (stat.S_IXUSR if executable else 0)
+    path.chmod(mode)
+    return path
+
+
+def smi_context(tool: Path) -> CheckContext:
+    config = Config(tools={"nvidia-smi": str(tool)})
+    return CheckContext(LiveSources(config), config, TIMEOUT_S)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "outcome", "words"),
+    [
+        ("hangs", Outcome.TIMED_OUT, "no result after 1s"),
+        ("hangs_stubbornly", Outcome.TIMED_OUT, "no result after 1s"),
+        ("exits_1", Outcome.FAILED, "exit"),
+        ("segfaults", Outcome.FAILED, "SIGSEGV"),
+        ("half_document", Outcome.UNPARSEABLE, ""),
+        ("garbage", Outcome.UNPARSEABLE, ""),
+    ],
+)
+def test_broken_nvidia_smi_gives_a_verdict_on_time(tmp_path, behaviour, outcome, words):
+    tool = make_tool(tmp_path, "nvidia-smi", FAKE_TOOLS[behaviour])
+    started = time.monotonic()
+    result = run_check(SmiCheck(), smi_context(tool))
+    elapsed = time.monotonic() - started
+    assert elapsed < TIMEOUT_S + MARGIN_S
+    assert result.outcome is outcome, result.detail
+    assert words in result.detail
+    (finding,) = result.findings
+    assert finding.inconclusive
+    report = assess([result], fail_closed=True)
+    assert report.layers[Layer.GPU].status is Status.UNHEALTHY
+    assert assess([result], fail_closed=False).layers[Layer.GPU].status is Status.UNKNOWN
+
+
+def test_hung_tool_is_killed_not_left_running(tmp_path):
+    marker = tmp_path / "pid"
+    tool = make_tool(tmp_path, "nvidia-smi", f"#!/bin/sh\necho $$ > '{marker}'\nexec sleep 1000\n")
+    run_check(SmiCheck(), smi_context(tool))
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def test_tool_that_is_not_executable_is_a_failed_check(tmp_path):
+    tool = make_tool(tmp_path, "nvidia-smi", FAKE_TOOLS["garbage"], executable=False)
+    result = run_check(SmiCheck(), smi_context(tool))
+    assert result.outcome is Outcome.FAILED
+    assert "not executable" in result.detail
+
+
+def test_missing_tool_is_tool_missing_not_healthy(tmp_path):
+    config = Config(tools={"nvidia-smi": str(tmp_path / "absent")})
+    result = run_check(SmiCheck(), CheckContext(LiveSources(config), config, TIMEOUT_S))
+    assert result.outcome is Outcome.TOOL_MISSING
+    report = assess([result], fail_closed=True)
+    assert report.layers[Layer.GPU].status is Status.UNHEALTHY  # no GPU source answered
+
+
+def test_hung_dcgmi_is_caught_too(tmp_path):
+    tool = make_tool(tmp_path, "dcgmi", FAKE_TOOLS["hangs"])
+    config = Config(tools={"dcgmi": str(tool)})
+    started = time.monotonic()
+    result = run_check(DcgmCheck(), CheckContext(LiveSources(config), config, TIMEOUT_S))
+    assert time.monotonic() - started < 2 * TIMEOUT_S + MARGIN_S  # watches, then query
+    assert result.outcome is Outcome.TIMED_OUT
+
+
+class StuckInProcess:
+    """A check blocked where no signal reaches it, as an NVML call stuck in the driver."""
+
+    name = "stuck"
+    layer = Layer.GPU
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def run(self, ctx: CheckContext) -> list:
+        self.release.wait()
+        return []
+
+
+def test_runner_returns_on_time_even_when_a_check_cannot_be_interrupted():
+    check = StuckInProcess()
+    config = Config()
+    started = time.monotonic()
+    result = run_check(check, CheckContext(LiveSources(config), config, 0.3))
+    check.release.set()
+    assert time.monotonic() - started < 0.3 + MARGIN_S
+    assert result.outcome is Outcome.TIMED_OUT
+    assert "abandoned" in result.detail
+
+
+class Crashes:
+    name = "crashes"
+    layer = Layer.NETWORK
+
+    def run(self, ctx: CheckContext) -> list:
+        return {}["missing"]  # a bug in a check
+
+
+def test_a_bug_in_a_check_is_a_failed_check_not_a_crash():
+    config = Config()
+    result = run_check(Crashes(), CheckContext(LiveSources(config), config, 1))
+    assert result.outcome is Outcome.FAILED
+    assert "internal error: KeyError" in result.detail
+
+
+def test_cli_with_hanging_tools_exits_unhealthy_on_time(tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("nvidia-smi", "dcgmi"):
+        make_tool(tools, name, FAKE_TOOLS["hangs"])
+    log = tmp_path / "kern.log"
+    log.write_text("[ 1.0] Linux version 6.1.0\n")
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(
+        f"kernel_log: {log}\ninfiniband_sysfs: {tmp_path / 'no-ib'}\ndefault_timeout_s: 1\n"
+    )
+    env = {**os.environ, "PATH": f"{tools}:/usr/bin:/bin"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuguard.cli", "check", "--json", "--config", str(config)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr
+    assert '"CHECK_TIMED_OUT"' in proc.stdout
+    # nvidia-smi runs as NVML's fallback, after the first wave: two timeouts plus start-up.
+    assert elapsed < 2 * (1 + MARGIN_S) + 5
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purpose.
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
