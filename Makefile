@@ -21,8 +21,8 @@ demo: venv
 	@hack/demo.sh $(BIN)/gpuguard
 
 lint: venv
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench hack
+	$(BIN)/ruff format --check src tests bench hack
 
 typecheck: venv
 	$(BIN)/mypy

@@ -49,7 +49,9 @@ def collect(
         copy_infiniband_sysfs(root, target / "sysfs")
         time.sleep(config.counter_sample_interval_s)
         copy_infiniband_sysfs(root, target / "sysfs-later")
-        manifest["sysfs"] = f"from {root}, second sample after {config.counter_sample_interval_s:g}s"
+        manifest["sysfs"] = (
+            f"from {root}, second sample after {config.counter_sample_interval_s:g}s"
+        )
     else:
         manifest["sysfs"] = f"not collected: {root} does not exist"
     (target / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="check this node (or a captured bundle) through every diagnostic layer",
         epilog="exit status: 0 Healthy, 1 Degraded, 2 Unhealthy, 3 Unknown, 64 usage error",
     )
-    check.add_argument("--bundle", type=Path, metavar="DIR", help="inspect a captured bundle offline")
+    check.add_argument(
+        "--bundle", type=Path, metavar="DIR", help="inspect a captured bundle offline"
+    )
     check.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
     check.add_argument("--expected-gpus", type=int, metavar="N")
     check.add_argument("--expected-nics", type=int, metavar="N", help="RDMA adapters (EFA/IB)")
@@ -58,10 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-v", "--verbose", action="store_true", help="list informational findings")
 
     bundle = commands.add_parser("bundle", help="capture diagnostics for offline triage")
-    bundle_commands = bundle.add_subparsers(dest="bundle_command", required=True, parser_class=_Parser)
+    bundle_commands = bundle.add_subparsers(
+        dest="bundle_command", required=True, parser_class=_Parser
+    )
     bundle_collect = bundle_commands.add_parser("collect", help="capture this node into DIR")
     bundle_collect.add_argument("directory", type=Path, metavar="DIR")
-    bundle_collect.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
+    bundle_collect.add_argument(
+        "--config", type=Path, metavar="FILE", help="YAML configuration file"
+    )
 
     xid = commands.add_parser("xid", help="explain an Xid code and what gpuguard does about it")
     xid.add_argument("code", type=int, metavar="N")
@@ -111,7 +117,10 @@ def _bundle_collect(args: argparse.Namespace) -> int:
     manifest = collect(args.directory, config, progress=lambda m: print(m, file=sys.stderr))
     for name, note in manifest.items():
         print(f"{name:<20} {note}")
-    print(f"bundle written to {args.directory}; inspect with: gpuguard check --bundle {args.directory}")
+    print(
+        f"bundle written to {args.directory}; "
+        f"inspect with: gpuguard check --bundle {args.directory}"
+    )
     return 0
 
 

@@ -38,7 +38,10 @@ class Config(BaseModel):
         default=None, ge=0, description="RDMA adapters (EFA or InfiniBand) the node must have"
     )
     expected_link_gbps: float | None = Field(
-        default=None, gt=0, description="Minimum rate of every active RDMA port, Gb/s"
+        default=None,
+        gt=0,
+        description="Minimum rate of every active InfiniBand port (of every port when the"
+        " node has no InfiniBand), Gb/s",
     )
     fail_closed: bool = Field(
         default=True, description="Report a layer whose checks gave no verdict as Unhealthy"
@@ -57,15 +60,14 @@ class Config(BaseModel):
         default=None, ge=1, le=4, description="Run `dcgmi diag -r N` live (slow: level 2+)"
     )
     dcgm_exporter_url: str | None = Field(
-        default=None, description="dcgm-exporter metrics URL to read, e.g. http://localhost:9400/metrics"
+        default=None,
+        description="dcgm-exporter metrics URL to read, e.g. http://localhost:9400/metrics",
     )
     infiniband_sysfs: Path = Path("/sys/class/infiniband")
     counter_sample_interval_s: float = Field(
         default=1.0, ge=0, le=60, description="Gap between the two error-counter samples"
     )
-    cross_check: bool = Field(
-        default=False, description="Also read nvidia-smi when NVML answered"
-    )
+    cross_check: bool = Field(default=False, description="Also read nvidia-smi when NVML answered")
 
     @property
     def expectations(self) -> Expectations:
@@ -103,7 +105,9 @@ def load_config(path: Path | None) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: expected a mapping of keys to values, got {type(data).__name__}"
+        )
     return build_config(data, origin=str(path))
 
 

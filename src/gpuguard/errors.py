@@ -1,13 +1,13 @@
 """gpuguard's exceptions, classified by what the caller should do next.
 
-    GpuguardError
-     ├── ConfigError          bad configuration or expectations; fix the input
-     └── CheckError           a check could not produce a verdict (fail closed)
-          ├── ToolMissing     the tool, library or bundle file is absent; try the fallback
-          ├── NotApplicable   nothing of this kind on the node, and none expected
-          ├── CheckTimedOut   the tool did not finish within its timeout
-          ├── CheckFailed     the tool ran but failed without usable output
-          └── ParseError      the output is not the documented format (garbled, truncated)
+GpuguardError
+ ├── ConfigError          bad configuration or expectations; fix the input
+ └── CheckError           a check could not produce a verdict (fail closed)
+      ├── ToolMissing     the tool, library or bundle file is absent; try the fallback
+      ├── NotApplicable   nothing of this kind on the node, and none expected
+      ├── CheckTimedOut   the tool did not finish within its timeout
+      ├── CheckFailed     the tool ran but failed without usable output
+      └── ParseError      the output is not the documented format (garbled, truncated)
 """
 
 from __future__ import annotations

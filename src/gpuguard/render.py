@@ -32,8 +32,10 @@ def to_table(report: NodeReport, *, verbose: bool = False, width: int = 100) -> 
         shown = [f for f in health.findings if verbose or f.severity > Severity.INFO]
         hidden = len(health.findings) - len(shown)
         for finding in shown:
-            head = f"  {str(finding.severity):<8} {finding.code:<26} {finding.action!s:<9} "
-            body = f"{finding.component}: {finding.message} [{finding.source}]"
+            head = f"  {finding.severity!s:<8} {finding.code:<26} {finding.action!s:<9} "
+            named = finding.component.id in finding.message
+            subject = "" if named else f"{finding.component}: "
+            body = f"{subject}{finding.message} [{finding.source}]"
             wrapped = textwrap.wrap(body, width=max(40, width - len(head)))
             lines.append(head + wrapped[0])
             lines.extend(" " * len(head) + rest for rest in wrapped[1:])

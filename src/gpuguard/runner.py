@@ -152,7 +152,9 @@ def _collect(pending: _Pending) -> CheckResult:
     if error is None:
         findings = pending.box.get("findings")
         if not isinstance(findings, list):
-            return _inconclusive(check, Outcome.FAILED, f"{check.name}: returned no findings list", elapsed)
+            return _inconclusive(
+                check, Outcome.FAILED, f"{check.name}: returned no findings list", elapsed
+            )
         return CheckResult(check.name, check.layer, Outcome.OK, findings, elapsed)
     for error_type, outcome in _OUTCOME_FOR_ERROR:
         if isinstance(error, error_type):

@@ -7,6 +7,7 @@ bundle of real captured outputs, or put fake tools first on ``PATH``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -106,10 +107,8 @@ def run_tool(argv: list[str], timeout_s: float) -> ToolOutput:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     threading.Thread(target=proc.wait, daemon=True).start()
 
 

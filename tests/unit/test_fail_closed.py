@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import DATA
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.dcgm import DcgmCheck
@@ -20,7 +21,6 @@ from gpuguard.config import Config
 from gpuguard.model import Layer, Outcome, Status
 from gpuguard.runner import GRACE_S, assess, run_check
 from gpuguard.sources import LiveSources
-from tests.conftest import DATA
 
 TIMEOUT_S = 1.0
 # Time allowed past the timeout for killing the tool and reporting.
@@ -32,7 +32,7 @@ FAKE_TOOLS = {
     "hangs": "#!/bin/sh\nexec sleep 1000\n",
     # Ignores SIGTERM and leaves a grandchild holding stdout open.
     "hangs_stubbornly": "#!/bin/sh\ntrap '' TERM\nsleep 1000 &\nwait\n",
-    "exits_1": "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\nexit 1\n",
+    "exits_1": '#!/bin/sh\necho "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\nexit 1\n',
     "segfaults": "#!/bin/sh\nkill -SEGV $$\n",
     "half_document": f"#!/bin/sh\nhead -c 2500 '{XML}'\n",
     "garbage": "#!/bin/sh\necho 'lorem ipsum <gpu> not xml'\n",
@@ -168,7 +168,10 @@ def test_cli_with_hanging_tools_exits_unhealthy_on_time(tmp_path):
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "gpuguard.cli", "check", "--json", "--config", str(config)],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tests.conftest import read_data
 
 from gpuguard.checks.kernel_log import classify_log, parse_line, scan
 from gpuguard.model import Action, Layer, Severity
-from tests.conftest import read_data
 
 
 def codes(findings):
@@ -51,7 +51,9 @@ def test_fallen_off_bus_without_xid_is_still_caught():
 
 
 def test_dbe_gives_gpu_reset_and_contained_error_kills_only_the_job():
-    findings = {f.code: f for f in classify_log(read_data("dmesg_iso_xid48_63_94_dbe_rowremap.log"))}
+    findings = {
+        f.code: f for f in classify_log(read_data("dmesg_iso_xid48_63_94_dbe_rowremap.log"))
+    }
     assert findings["XID_48"].action is Action.RESET_GPU
     assert findings["XID_48"].severity is Severity.CRITICAL
     assert findings["XID_94"].action is Action.KILL_JOB
@@ -66,7 +68,10 @@ def test_gsp_timeout_repeats_are_one_finding_needing_reset():
 
 
 def test_ctime_prefixed_log_separates_app_fault_from_ctx_switch_timeout():
-    findings = {f.code: f for f in classify_log(read_data("dmesg_ctime_xid13_xid109_ctx_switch_timeout.log"))}
+    findings = {
+        f.code: f
+        for f in classify_log(read_data("dmesg_ctime_xid13_xid109_ctx_switch_timeout.log"))
+    }
     assert set(findings) == {"XID_13", "XID_109"}
     assert findings["XID_13"].action is Action.KILL_JOB
     assert findings["XID_109"].action is Action.RESET_GPU
@@ -88,7 +93,9 @@ def test_xid154_node_reboot_text_asks_for_reboot():
 
 def test_nvlink5_fatal_xid149_needs_reset_nonfatal_does_not():
     fatal = "NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000)"
-    nonfatal = "NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Nonfatal   XC0 i0 Link 01 (0x0 0x0)"
+    nonfatal = (
+        "NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Nonfatal   XC0 i0 Link 01 (0x0 0x0)"
+    )
     assert classify_log(fatal)[0].action is Action.RESET_GPU
     assert classify_log(nonfatal)[0].action is Action.NONE
 
@@ -119,12 +126,24 @@ def test_efa_driver_errors_are_network_findings_and_ena_lines_are_not():
     ("line", "device", "code", "gi"),
     [
         ("NVRM: Xid (0000:03:00): 14, Channel 00000001", "0000:03:00", 14, None),
-        ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9).",
-         "0000:01:00", 94, 5),
-        ("6,3964,206764307,-;NVRM: Xid (PCI:0000:19:00): 48, pid='<unknown>', name=<unknown>, DBE",
-         "0000:19:00", 48, None),
-        ("Sep  4 10:00:00 host kernel: NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off the bus.",
-         "0000:19:00", 79, None),
+        (
+            "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9).",
+            "0000:01:00",
+            94,
+            5,
+        ),
+        (
+            "6,3964,206764307,-;NVRM: Xid (PCI:0000:19:00): 48, pid='<unknown>', name=<unknown>, DBE",
+            "0000:19:00",
+            48,
+            None,
+        ),
+        (
+            "Sep  4 10:00:00 host kernel: NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off the bus.",
+            "0000:19:00",
+            79,
+            None,
+        ),
     ],
 )
 def test_xid_line_formats(line, device, code, gi):

@@ -20,10 +20,7 @@ def test_catalog_ships_inside_the_package_with_every_code():
 def test_every_catalog_row_maps_to_a_rule(xid):
     rule = rule_for(xid)
     bucket = catalog()[xid]["immediate_action"]
-    if xid in OVERRIDES:
-        expected = OVERRIDES[xid]
-    else:
-        expected = BUCKET_RULES.get(bucket, DEFAULT_RULE)
+    expected = OVERRIDES.get(xid) or BUCKET_RULES.get(bucket, DEFAULT_RULE)
     if xid not in range(144, 151):
         assert (rule.severity, rule.action) == (expected.severity, expected.action)
     assert rule.why
@@ -36,9 +33,16 @@ def test_application_faults_never_drain(xid):
     assert rule.action <= Action.KILL_JOB
 
 
-@pytest.mark.parametrize(("xid", "at_least"), [(79, Action.REBOOT), (48, Action.RESET_GPU),
-                                               (95, Action.RESET_GPU), (119, Action.RESET_GPU),
-                                               (54, Action.REPLACE)])
+@pytest.mark.parametrize(
+    ("xid", "at_least"),
+    [
+        (79, Action.REBOOT),
+        (48, Action.RESET_GPU),
+        (95, Action.RESET_GPU),
+        (119, Action.RESET_GPU),
+        (54, Action.REPLACE),
+    ],
+)
 def test_hardware_xids_call_for_repair(xid, at_least):
     assert rule_for(xid).action >= at_least
     assert rule_for(xid).severity is Severity.CRITICAL

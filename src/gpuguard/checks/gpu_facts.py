@@ -7,7 +7,20 @@ means "the source could not measure it" (``N/A``, NOT_SUPPORTED); it is never re
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from gpuguard.checks.xid_catalog import RECOVERY_ACTIONS
+from gpuguard.model import (
+    NODE,
+    Action,
+    Component,
+    Finding,
+    Layer,
+    Severity,
+    gpu,
+    normalize_pci_bus_id,
+)
 
 
 @dataclass
@@ -52,6 +65,12 @@ class GpuFacts:
     reset_required: bool | None = None
     drain_and_reset_recommended: bool | None = None
     mig_enabled: bool | None = None
+    # Ada and later report thresholds relative to T.Limit (nvidia-smi "T.Limit Temp", NVML
+    # fields 194/195): the current margin below T.Limit, and the margins at which the GPU
+    # slows down or shuts down (negative: that many degrees past T.Limit).
+    tlimit_margin_c: float | None = None
+    slowdown_tlimit_c: float | None = None
+    shutdown_tlimit_c: float | None = None
 
 
 CLOCK_EVENT_REASONS = (
@@ -64,4 +83,310 @@ CLOCK_EVENT_REASONS = (
     "hw_thermal_slowdown",
     "hw_power_brake_slowdown",
     "display_clock_setting",
+)
+
+# Severity and action of each finding code, with the reason for the choice.
+RULES: dict[str, tuple[Severity, Action]] = {
+    # Fewer GPUs than expected: one fell off the bus or failed to initialise, and a reboot
+    # re-enumerates the bus. More than expected harms nothing (the expectation is stale).
+    "GPU_COUNT_MISMATCH": (Severity.CRITICAL, Action.REBOOT),
+    # nvidia-smi counts a GPU it does not describe: it could not be queried, which is
+    # treated like a GPU missing from the expected count.
+    "GPU_NOT_REPORTED": (Severity.CRITICAL, Action.REBOOT),
+    # A lost GPU has fallen off the bus; a GPU reset cannot reach it.
+    "GPU_LOST": (Severity.CRITICAL, Action.REBOOT),
+    "GPU_RESET_REQUIRED": (Severity.CRITICAL, Action.RESET_GPU),
+    # Any other error from the GPU itself: try the least disruptive repair first.
+    "GPU_ERROR": (Severity.CRITICAL, Action.RESET_GPU),
+    # Any uncorrectable error since the last reset may have corrupted a job's data.
+    "ECC_UNCORRECTABLE_VOLATILE": (Severity.CRITICAL, Action.RESET_GPU),
+    # A failing row that no spare could replace: the memory is beyond in-field repair.
+    "ROW_REMAP_FAILURE": (Severity.CRITICAL, Action.REPLACE),
+    # The spare row takes effect only after a reset; until then the node is not Healthy.
+    "ROW_REMAP_PENDING": (Severity.WARNING, Action.RESET_GPU),
+    # NVML cannot read remap state while MIG is on: say it was not measured rather than
+    # fail every MIG node for good.
+    "REMAP_STATUS_UNAVAILABLE": (Severity.INFO, Action.NONE),
+    # DCGM warns at ROW_REMAP_UNCORRECTABLE_WARN remaps: spare rows are running out.
+    "ROW_REMAP_UNCORRECTABLE_HIGH": (Severity.WARNING, Action.NONE),
+    # Pre-Ampere page retirement, like a remap, is applied at the next reset.
+    "RETIRED_PAGES_PENDING": (Severity.WARNING, Action.RESET_GPU),
+    # Heat is a cooling or workload problem, not a broken GPU: no action on the GPU.
+    "TEMPERATURE_ABOVE_SLOWDOWN": (Severity.WARNING, Action.NONE),
+    "TEMPERATURE_AT_SHUTDOWN": (Severity.CRITICAL, Action.NONE),
+    # Clocks held down to protect the part (power brake is often the PSU or the chassis):
+    # jobs run slowly, but the GPU is not faulty.
+    "CLOCK_HW_SLOWDOWN": (Severity.WARNING, Action.NONE),
+    "CLOCK_HW_THERMAL_SLOWDOWN": (Severity.WARNING, Action.NONE),
+    "CLOCK_HW_POWER_BRAKE": (Severity.WARNING, Action.NONE),
+    "CLOCK_SW_THERMAL_SLOWDOWN": (Severity.WARNING, Action.NONE),
+    # A link trained narrower than it can may be a seating or riser fault. Flag, do not
+    # repair: some cloud machines wire an x16 GPU at x8 by design (the real A10G and T4
+    # captures do), and rebooting cannot change that.
+    "PCIE_WIDTH_DEGRADED": (Severity.WARNING, Action.NONE),
+    # GPUs lower the link generation when idle to save power: informational only.
+    "PCIE_GEN_BELOW_MAX": (Severity.INFO, Action.NONE),
+    "NVLINK_DOWN": (Severity.CRITICAL, Action.RESET_GPU),
+    # See NVLINK_WARNING_COUNTERS for when this is raised to WARNING.
+    "NVLINK_ERRORS": (Severity.INFO, Action.NONE),
+    # The driver's own verdict; the action text is mapped by xid_catalog.RECOVERY_ACTIONS.
+    "RECOVERY_ACTION_REQUIRED": (Severity.CRITICAL, Action.RESET_GPU),
+}
+
+# Clock event reasons that mean the hardware or the driver is holding clocks down. Idle,
+# SW power cap, sync boost and the clock settings are normal operation.
+SLOWDOWN_CODES = {
+    "hw_slowdown": "CLOCK_HW_SLOWDOWN",
+    "hw_thermal_slowdown": "CLOCK_HW_THERMAL_SLOWDOWN",
+    "hw_power_brake_slowdown": "CLOCK_HW_POWER_BRAKE",
+    "sw_thermal_slowdown": "CLOCK_SW_THERMAL_SLOWDOWN",
+}
+
+# DCGM's memory health watch warns at this many uncorrectable row remaps.
+ROW_REMAP_UNCORRECTABLE_WARN = 512
+
+# NVLink counters are cumulative and one snapshot has no rate. CRC, replay and ECC errors
+# are corrected by retransmission and accumulate slowly on healthy links: INFO. A recovery
+# means the link went down and retrained, a counter DCGM requires to stay 0: WARNING (not
+# CRITICAL, since one snapshot cannot tell an old event from an ongoing one).
+NVLINK_WARNING_COUNTERS = frozenset({"recovery"})
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    code: str
+    message: str
+    evidence: str
+    severity: Severity
+    action: Action
+
+
+def _verdict(
+    code: str,
+    message: str,
+    evidence: str,
+    severity: Severity | None = None,
+    action: Action | None = None,
+) -> _Verdict:
+    """A verdict with the code's severity and action from RULES unless given."""
+    default_severity, default_action = RULES[code]
+    return _Verdict(
+        code,
+        message,
+        evidence,
+        default_severity if severity is None else severity,
+        default_action if action is None else action,
+    )
+
+
+def evaluate_gpus(facts: list[GpuFacts], expected_gpus: int | None, source: str) -> list[Finding]:
+    """Every finding the facts support: the GPU count, then GPUs in PCI bus order.
+
+    A fact that is ``None`` (not measured) yields no finding of its own, so the report
+    never claims that a check it could not make passed or failed.
+    """
+    findings: list[Finding] = []
+    if expected_gpus is not None and len(facts) != expected_gpus:
+        verdict = _count_mismatch(len(facts), expected_gpus)
+        findings.append(_finding(verdict, NODE, source))
+    for one in sorted(facts, key=lambda f: normalize_pci_bus_id(f.pci_bus_id)):
+        component = gpu(one.pci_bus_id, one.uuid)
+        for rule in _GPU_RULES:
+            findings.extend(_finding(verdict, component, source) for verdict in rule(one))
+    return findings
+
+
+def _finding(verdict: _Verdict, component: Component, source: str) -> Finding:
+    prefix = "" if component == NODE else f"{component.id}: "
+    return Finding(
+        layer=Layer.GPU,
+        code=verdict.code,
+        severity=verdict.severity,
+        action=verdict.action,
+        component=component,
+        source=source,
+        message=prefix + verdict.message,
+        evidence=verdict.evidence,
+    )
+
+
+def _count_mismatch(found: int, expected: int) -> _Verdict:
+    evidence = f"gpus_found={found} gpus_expected={expected}"
+    if found < expected:
+        return _verdict(
+            "GPU_COUNT_MISMATCH", f"only {found} of {expected} expected GPUs visible", evidence
+        )
+    return _verdict(
+        "GPU_COUNT_MISMATCH",
+        f"{found} GPUs visible, {expected} expected",
+        evidence,
+        Severity.WARNING,
+        Action.NONE,
+    )
+
+
+def _error_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+    if facts.error is None:
+        return
+    word = facts.error.strip().upper().replace(" ", "_")
+    evidence = f"error={facts.error}"
+    if "LOST" in word:
+        yield _verdict("GPU_LOST", "GPU is lost (off the bus)", evidence)
+    elif "RESET" in word and "REQUIRE" in word:
+        yield _verdict("GPU_RESET_REQUIRED", "GPU must be reset before use", evidence)
+    else:
+        yield _verdict("GPU_ERROR", f"GPU cannot be queried: {facts.error}", evidence)
+
+
+def _memory_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+    ecc = facts.ecc_uncorrected_volatile
+    if ecc is not None and ecc > 0:
+        yield _verdict(
+            "ECC_UNCORRECTABLE_VOLATILE",
+            f"{ecc} uncorrectable ECC errors since the last reset",
+            f"ecc_uncorrected_volatile={ecc}",
+        )
+    if facts.remap_failure:
+        yield _verdict("ROW_REMAP_FAILURE", "row remapping failed", "remap_failure=True")
+    if facts.remap_pending:
+        yield _verdict(
+            "ROW_REMAP_PENDING", "row remap pending: reset to activate", "remap_pending=True"
+        )
+    if facts.mig_enabled and facts.remap_pending is None and facts.remap_failure is None:
+        yield _verdict(
+            "REMAP_STATUS_UNAVAILABLE",
+            "row remap status not measured (unreadable with MIG enabled)",
+            "mig_enabled=True remap_pending=None remap_failure=None",
+        )
+    remapped = facts.remap_uncorrectable
+    if remapped is not None and remapped >= ROW_REMAP_UNCORRECTABLE_WARN:
+        yield _verdict(
+            "ROW_REMAP_UNCORRECTABLE_HIGH",
+            f"{remapped} rows remapped for uncorrectable errors: spares running out",
+            f"remap_uncorrectable={remapped}",
+        )
+    if facts.retired_pages_pending:
+        yield _verdict(
+            "RETIRED_PAGES_PENDING",
+            "page retirement pending: reset to apply",
+            "retired_pages_pending=True",
+        )
+
+
+def _thermal_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+    # "At or past the threshold" on either scale: absolute degrees, or the T.Limit margin
+    # (which shrinks as the GPU warms). Only the worse finding is reported.
+    temperature, margin = facts.temperature_c, facts.tlimit_margin_c
+    evidence = " ".join(
+        f"{name}={value:g}"
+        for name, value in (
+            ("temperature_c", temperature),
+            ("slowdown_temp_c", facts.slowdown_temp_c),
+            ("shutdown_temp_c", facts.shutdown_temp_c),
+            ("tlimit_margin_c", margin),
+            ("slowdown_tlimit_c", facts.slowdown_tlimit_c),
+            ("shutdown_tlimit_c", facts.shutdown_tlimit_c),
+        )
+        if value is not None
+    )
+    if _reached(temperature, facts.shutdown_temp_c) or _reached_margin(
+        margin, facts.shutdown_tlimit_c
+    ):
+        yield _verdict("TEMPERATURE_AT_SHUTDOWN", "temperature at shutdown threshold", evidence)
+    elif _reached(temperature, facts.slowdown_temp_c) or _reached_margin(
+        margin, facts.slowdown_tlimit_c
+    ):
+        yield _verdict(
+            "TEMPERATURE_ABOVE_SLOWDOWN", "temperature at or above slowdown threshold", evidence
+        )
+
+
+def _clock_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+    evidence = "clock_event_reasons=" + ",".join(sorted(facts.clock_event_reasons))
+    for reason, code in SLOWDOWN_CODES.items():
+        if reason in facts.clock_event_reasons:
+            message = f"clocks held down: {reason.replace('_', ' ')} active"
+            yield _verdict(code, message, evidence)
+
+
+def _pcie_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+    width, width_max = facts.pcie_width_current, facts.pcie_width_max
+    if width is not None and width_max is not None and width < width_max:
+        yield _verdict(
+            "PCIE_WIDTH_DEGRADED",
+            f"PCIe link runs at x{width} of x{width_max}",
+            f"pcie_width_current={width} pcie_width_max={width_max}",
+        )
+    gen, gen_max = facts.pcie_gen_current, facts.pcie_gen_max
+    if gen is not None and gen_max is not None and gen < gen_max:
+        yield _verdict(
+            "PCIE_GEN_BELOW_MAX",
+            f"PCIe link at Gen{gen} of Gen{gen_max} (normal when idle)",
+            f"pcie_gen_current={gen} pcie_gen_max={gen_max}",
+        )
+
+
+def _nvlink_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+    for link in sorted(facts.nvlinks, key=lambda nvlink: nvlink.link):
+        if link.active is False:
+            yield _verdict(
+                "NVLINK_DOWN", f"NVLink {link.link} is down", f"link={link.link} active=False"
+            )
+        counted = {name: count for name, count in sorted(link.errors.items()) if count > 0}
+        if counted:
+            warn = any(name in NVLINK_WARNING_COUNTERS for name in counted)
+            yield _verdict(
+                "NVLINK_ERRORS",
+                f"NVLink {link.link} error counters are non-zero",
+                f"link={link.link} " + " ".join(f"{name}={n}" for name, n in counted.items()),
+                Severity.WARNING if warn else Severity.INFO,
+            )
+
+
+def _recovery_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+    if facts.recovery_action is not None:
+        verdict = _recovery_verdict(facts.recovery_action)
+        if verdict is not None:
+            yield verdict
+    for name, value in (
+        ("reset_required", facts.reset_required),
+        ("drain_and_reset_recommended", facts.drain_and_reset_recommended),
+    ):
+        if value:
+            message = f"the driver reports {name.replace('_', ' ')}"
+            yield _verdict("RECOVERY_ACTION_REQUIRED", message, f"{name}=True")
+
+
+def _recovery_verdict(text: str) -> _Verdict | None:
+    key = text.strip().lower().replace("_", " ")
+    if key == "none":
+        return None
+    evidence = f"recovery_action={text}"
+    # nvidia-smi prints "GPU Reset" where the driver log says "GPU Reset Required".
+    known = RECOVERY_ACTIONS.get(key) or RECOVERY_ACTIONS.get(f"{key} required")
+    if known is None:
+        # An action this version does not know: fail the GPU, but do not guess a repair.
+        message = f"the driver asks for an unknown recovery action '{text}'"
+        return _verdict("RECOVERY_ACTION_REQUIRED", message, evidence, action=Action.NONE)
+    severity, action = known
+    message = f"the driver's recovery action is '{text}'"
+    return _verdict("RECOVERY_ACTION_REQUIRED", message, evidence, severity, action)
+
+
+def _reached(temperature: float | None, threshold: float | None) -> bool:
+    return temperature is not None and threshold is not None and temperature >= threshold
+
+
+def _reached_margin(margin: float | None, threshold: float | None) -> bool:
+    return margin is not None and threshold is not None and margin <= threshold
+
+
+_GPU_RULES = (
+    _error_rule,
+    _memory_rule,
+    _thermal_rule,
+    _clock_rule,
+    _pcie_rule,
+    _nvlink_rule,
+    _recovery_rule,
 )

@@ -34,8 +34,18 @@ _FOLLOWERS = frozenset({43, 45})
 # The admin-queue failures mean the device no longer answers its driver: only a new
 # machine fixes that on EC2. A failed single command is worth a warning.
 EFA_RULES: tuple[tuple[str, str, Severity, Action], ...] = (
-    ("Wait for completion (polling) timeout", "EFA_ADMIN_TIMEOUT", Severity.CRITICAL, Action.REPLACE),
-    ("The device didn't send any completion", "EFA_ADMIN_TIMEOUT", Severity.CRITICAL, Action.REPLACE),
+    (
+        "Wait for completion (polling) timeout",
+        "EFA_ADMIN_TIMEOUT",
+        Severity.CRITICAL,
+        Action.REPLACE,
+    ),
+    (
+        "The device didn't send any completion",
+        "EFA_ADMIN_TIMEOUT",
+        Severity.CRITICAL,
+        Action.REPLACE,
+    ),
     ("Admin queue is closed", "EFA_ADMIN_QUEUE_CLOSED", Severity.CRITICAL, Action.REPLACE),
     ("Reset indication didn't turn", "EFA_RESET_FAILED", Severity.CRITICAL, Action.REPLACE),
     ("Device isn't ready", "EFA_DEVICE_NOT_READY", Severity.CRITICAL, Action.REPLACE),
@@ -51,7 +61,12 @@ KERNEL_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     "BUG: unable to handle": (Layer.KERNEL, "KERNEL_BUG", Severity.CRITICAL, Action.REBOOT),
     "Oops: ": (Layer.KERNEL, "KERNEL_OOPS", Severity.CRITICAL, Action.REBOOT),
     "Hardware Error": (Layer.KERNEL, "MACHINE_CHECK", Severity.WARNING, Action.NONE),
-    "NVRM: API mismatch": (Layer.KERNEL, "NVIDIA_DRIVER_MISMATCH", Severity.CRITICAL, Action.REBOOT),
+    "NVRM: API mismatch": (
+        Layer.KERNEL,
+        "NVIDIA_DRIVER_MISMATCH",
+        Severity.CRITICAL,
+        Action.REBOOT,
+    ),
     "RmInitAdapter failed": (Layer.GPU, "GPU_INIT_FAILED", Severity.CRITICAL, Action.REBOOT),
 }
 
@@ -117,8 +132,10 @@ def _xid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
 def _app_incident(code: int, group: _Group, source: str) -> Finding:
     base = xid_finding(code, gpu(group.first.device), source, group.first.line, group.first.text)
     parts = [f"Xid {code} ({rule_for(code).description}): one application incident"]
-    parts.append(f"{group.lines} line(s) on {len(group.devices)} GPU(s) " + ", ".join(
-        gpu(d).id for d in group.devices))
+    parts.append(
+        f"{group.lines} line(s) on {len(group.devices)} GPU(s) "
+        + ", ".join(gpu(d).id for d in group.devices)
+    )
     if group.followers:
         parts.append("followed by Xid " + "/".join(str(c) for c in sorted(group.followers)))
     if group.processes:
@@ -194,8 +211,13 @@ def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
     findings = []
     for (code, device), lines in groups.items():
         fatal = any(e.text.startswith("Fatal") for e in lines)
-        links = sorted({e.text.split(",")[1].strip() for e in lines if e.text.count(",") >= 1
-                        and "Link" in e.text.split(",")[1]})
+        links = sorted(
+            {
+                e.text.split(",")[1].strip()
+                for e in lines
+                if e.text.count(",") >= 1 and "Link" in e.text.split(",")[1]
+            }
+        )
         component = Component("nvswitch", gpu(device).id)
         findings.append(
             Finding(
@@ -209,7 +231,8 @@ def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
                 source=source,
                 message=(
                     f"NVSwitch SXid {code} on {lines[0].process} ({component.id}), "
-                    f"{'fatal' if fatal else 'non-fatal'}" + (f": {', '.join(links)}" if links else "")
+                    f"{'fatal' if fatal else 'non-fatal'}"
+                    + (f": {', '.join(links)}" if links else "")
                 ),
                 evidence=next((e.line for e in lines if e.text.startswith("Fatal")), lines[0].line),
             )
@@ -244,8 +267,14 @@ def _kernel_findings(events: list[KernelEvent], source: str) -> list[Finding]:
         for kind, (layer, code, severity, action) in KERNEL_RULES.items():
             if event.text.startswith(kind) and code not in findings:
                 findings[code] = Finding(
-                    layer, code, severity, action, NODE, source,
-                    f"kernel reported: {event.text}", event.line,
+                    layer,
+                    code,
+                    severity,
+                    action,
+                    NODE,
+                    source,
+                    f"kernel reported: {event.text}",
+                    event.line,
                 )
     return list(findings.values())
 
@@ -258,6 +287,12 @@ def _process_label(event: KernelEvent) -> str:
 
 def _with_message(finding: Finding, message: str) -> Finding:
     return Finding(
-        finding.layer, finding.code, finding.severity, finding.action,
-        finding.component, finding.source, message, finding.evidence,
+        finding.layer,
+        finding.code,
+        finding.severity,
+        finding.action,
+        finding.component,
+        finding.source,
+        message,
+        finding.evidence,
     )

@@ -12,27 +12,38 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.kernel_incidents import findings_for_events
 from gpuguard.model import Finding, Layer
 from gpuguard.sources import Artifact
 
-# Lines containing none of these are never parsed further.
-_MARKERS = re.compile(
-    r"NVRM: |SXid \(|infiniband |efa [0-9a-fA-F]|soft lockup|blocked for more than"
-    r"|kernel BUG at|BUG: unable to handle|Oops: |Hardware Error"
+# Lines containing none of these are never parsed further. Plain substrings, searched
+# one at a time with str.find: far faster in CPython than one regex alternation.
+MARKERS = (
+    "NVRM: ",
+    "SXid (",
+    "infiniband ",
+    "efa ",
+    "BUG",  # "BUG: soft lockup", "kernel BUG at", "BUG: unable to handle"
+    "blocked for more than",
+    "Oops: ",
+    "Hardware Error",
 )
 
 _BDF = r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
 _XID = re.compile(
-    rf"NVRM: Xid \((?:PCI:)?(?P<bdf>{_BDF})(?: GPU-I:(?P<gi>\d+))?\): (?P<code>\d+),?\s*(?P<text>.*)"
+    rf"NVRM: Xid \((?:PCI:)?(?P<bdf>{_BDF})(?: GPU-I:(?P<gi>\d+))?\): "
+    r"(?P<code>\d+),?\s*(?P<text>.*)"
 )
 _SXID = re.compile(
     rf"(?P<switch>nvidia-nvswitch\d+): SXid \((?:PCI:)?(?P<bdf>{_BDF}(?:\.[0-7])?)\): "
     r"(?P<code>\d+),?\s*(?P<text>.*)"
 )
-_FALLEN = re.compile(rf"NVRM: (?:The NVIDIA )?GPU (?:at )?(?:PCI:)?(?P<bdf>{_BDF}(?:\.[0-7])?)\b.*fallen off the bus")
+_FALLEN = re.compile(
+    rf"NVRM: (?:The NVIDIA )?GPU (?:at )?(?:PCI:)?(?P<bdf>{_BDF}(?:\.[0-7])?)\b.*fallen off the bus"
+)
 _PROCESS = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?, name=(?P<name>[^,]*),\s*")
 _CAUSED_BY = re.compile(r"caused by previous Xid (?P<code>\d+)")
 # EFA's driver logs as "efa <pci>:" or through the RDMA core as "infiniband <ibdev>:".
@@ -65,16 +76,20 @@ class KernelEvent:
 
 
 def relevant_lines(text: str) -> Iterator[str]:
-    """The lines of ``text`` that contain a marker, each once, in order."""
-    end = -1
-    for match in _MARKERS.finditer(text):
-        if match.start() < end:
-            continue  # a second marker on a line already yielded
-        start = text.rfind("\n", 0, match.start()) + 1
-        end = text.find("\n", match.end())
-        if end < 0:
-            end = len(text)
-        yield text[start:end].rstrip("\r")
+    """The lines of ``text`` that contain a marker, each once, in log order."""
+    starts: set[int] = set()
+    for marker in MARKERS:
+        position = text.find(marker)
+        while position >= 0:
+            line_start = text.rfind("\n", 0, position) + 1
+            starts.add(line_start)
+            line_end = text.find("\n", position)
+            if line_end < 0:
+                break
+            position = text.find(marker, line_end)
+    for start in sorted(starts):
+        end = text.find("\n", start)
+        yield text[start : end if end >= 0 else len(text)].rstrip("\r")
 
 
 def parse_line(line: str) -> KernelEvent | None:
@@ -122,8 +137,8 @@ def classify_log(text: str, source: str = "kernel-log") -> list[Finding]:
 class KernelLogCheck:
     """Reads the kernel log (``/dev/kmsg``, ``journalctl -k``, ``dmesg`` or a file)."""
 
-    name = "kernel-log"
-    layer = Layer.KERNEL
+    name: ClassVar[str] = "kernel-log"
+    layer: ClassVar[Layer] = Layer.KERNEL
 
     def run(self, ctx: CheckContext) -> list[Finding]:
         output = ctx.sources.read(Artifact.KERNEL_LOG, ctx.timeout_s)

@@ -6,12 +6,12 @@ Adding a source means adding a module under ``checks/`` with a class that implem
 
 from __future__ import annotations
 
+from gpuguard.checks.base import Check, Fallback
 from gpuguard.checks.dcgm import DcgmCheck, DcgmExporterCheck
 from gpuguard.checks.kernel_log import KernelLogCheck
 from gpuguard.checks.network import NetworkCheck
 from gpuguard.checks.nvml import NvmlCheck
 from gpuguard.checks.smi import SmiCheck
-from gpuguard.checks.base import Check, Fallback
 
 # GPU sources in order of preference: DCGM, then NVML, then nvidia-smi. The kernel log
 # comes first so that its Xid lines (the richest evidence) win when sources overlap.

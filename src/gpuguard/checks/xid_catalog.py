@@ -41,13 +41,15 @@ class BucketRule:
 
 BUCKET_RULES: dict[str, BucketRule] = {
     "RESTART_APP": BucketRule(
-        Severity.WARNING, Action.KILL_JOB,
+        Severity.WARNING,
+        Action.KILL_JOB,
         "NVIDIA: restart the application; the GPU itself is fine, so never drain for it",
     ),
     "IGNORE": BucketRule(Severity.INFO, Action.NONE, "NVIDIA: no action needed"),
     "RESET_GPU": BucketRule(Severity.CRITICAL, Action.RESET_GPU, "NVIDIA: reset the GPU"),
     "WORKFLOW_XID_48": BucketRule(
-        Severity.CRITICAL, Action.RESET_GPU,
+        Severity.CRITICAL,
+        Action.RESET_GPU,
         "uncorrectable ECC error: reset the GPU so the row remap takes effect",
     ),
     "WORKFLOW_NVLINK_ERR": BucketRule(
@@ -56,11 +58,13 @@ BUCKET_RULES: dict[str, BucketRule] = {
     "RESTART_BM": BucketRule(Severity.CRITICAL, Action.REBOOT, "NVIDIA: restart the machine"),
     "RESTART_VM": BucketRule(Severity.CRITICAL, Action.REBOOT, "NVIDIA: restart the VM"),
     "CHECK_MECHANICALS": BucketRule(
-        Severity.CRITICAL, Action.REPLACE,
+        Severity.CRITICAL,
+        Action.REPLACE,
         "a physical fault (power, seating) that software cannot repair: replace the machine",
     ),
     "CONTACT_SUPPORT": BucketRule(
-        Severity.WARNING, Action.NONE,
+        Severity.WARNING,
+        Action.NONE,
         "NVIDIA: contact support; no automatic action, flag the node for a human",
     ),
     "UPDATE_SWFW": BucketRule(
@@ -73,22 +77,26 @@ BUCKET_RULES: dict[str, BucketRule] = {
 
 # A known Xid with no bucket (catalog rows 162-172) or an Xid the catalog does not list.
 DEFAULT_RULE = BucketRule(
-    Severity.WARNING, Action.NONE,
+    Severity.WARNING,
+    Action.NONE,
     "no resolution in NVIDIA's catalog: flag for a human rather than guess a repair",
 )
 
 # Our deliberate departures from the bucket mapping, with the reason for each.
 OVERRIDES: dict[int, BucketRule] = {
     43: BucketRule(
-        Severity.WARNING, Action.KILL_JOB,
+        Severity.WARNING,
+        Action.KILL_JOB,
         "follows Xid 13/31 when a channel is killed: part of the same application incident",
     ),
     45: BucketRule(
-        Severity.INFO, Action.NONE,
+        Severity.INFO,
+        Action.NONE,
         "preemptive cleanup after an earlier error: the Xid it names decides the action",
     ),
     154: BucketRule(
-        Severity.WARNING, Action.NONE,
+        Severity.WARNING,
+        Action.NONE,
         "the driver's own recovery verdict: the action is read from the line's text",
     ),
 }

@@ -1,0 +1,401 @@
+"""Parser for ``dcgmi diag -r N -j``, DCGM 4 and DCGM 3 documents alike.
+
+DCGM 4 (NVIDIA's ``dcgm_diag_schema.json``): ``{"DCGM Diagnostic": {"test_categories":
+[{"tests": [{"name", "results": [{"entity_group", "entity_id", "status", "warnings":
+[{"error_id", "error_severity", "error_category", "warning"}]}], "test_summary"}]}],
+"runtime_error"}}``. DCGM 3: top key ``"DCGM GPU Diagnostic"``, results name GPUs by
+``"gpu_ids"``/``"gpu_id"`` strings ("0", "0,1"), test names are human ("GPU Memory") and a
+warning may be a bare string.
+
+The exit status and the document are read separately: dcgmi exits 226 (-30,
+DCGM_ST_NVVS_ERROR) when the diagnostic ran and found a problem, and still prints a complete
+document, which is then what we judge. Fail-closed rules:
+
+* a document with no test result at all is not a pass (ParseError);
+* a status word we do not know is a finding, never a pass;
+* ``runtime_error`` (the diagnostic did not finish) and a non-zero exit that no failing
+  result explains are inconclusive findings (``CHECK_FAILED``): the layer reads Unknown;
+* ids and severities near 2^63 are DCGM's "no value" sentinels, never codes.
+
+How a failing warning's DCGM severity (the document's ``error_severity``, else the
+``error_id``'s row in ``data/dcgm_error_codes.csv``) becomes a verdict:
+
+========  ==================  ========  =========  =========================================
+DCGM      code                severity  action     why
+========  ==================  ========  =========  =========================================
+RESET     DCGM_DIAG_HARDWARE  critical  RESET_GPU  DCGM: drain and reset
+ISOLATE   DCGM_DIAG_HARDWARE  critical  RESET_GPU  cannot run work; one run does not justify
+                                                   replacing a part, so reset first
+TRIAGE    DCGM_DIAG_TRIAGE    warning   NONE       a human looks
+CONFIG    DCGM_DIAG_CONFIG    warning   NONE       node misconfigured, not a broken part
+MONITOR   DCGM_DIAG_MONITOR   info      NONE       can run work
+other     DCGM_DIAG_FAIL      critical  NONE       failed, cause unclassified: drain for a human
+========  ==================  ========  =========  =========================================
+
+Overrides by error id are in :data:`ERROR_OVERRIDES`. A ``Warn`` result caps the severity at
+warning; warnings on a ``Pass`` result are info; skipped tests are one info finding per test.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+from gpuguard.checks.dcgm_common import (
+    JsonObject,
+    dcgm_entity,
+    describe_exit,
+    expect_list,
+    expect_object,
+    expect_str,
+    int_text,
+    load_dcgmi_json,
+    small_int,
+)
+from gpuguard.errors import ParseError
+from gpuguard.model import CHECK_FAILED, NODE, Action, Component, Finding, Layer, Severity
+
+SOURCE = "dcgmi diag"
+DOCUMENT_KEYS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")  # DCGM 4, DCGM 3
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    """One DCGM_FR_* error code from DCGM's own table."""
+
+    id: int
+    name: str
+    severity: str
+    category: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    code: str
+    severity: Severity
+    action: Action
+    why: str
+
+
+SEVERITY_NAMES = {1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
+
+VERDICTS: dict[str, Verdict] = {
+    "RESET": Verdict(
+        "DCGM_DIAG_HARDWARE", Severity.CRITICAL, Action.RESET_GPU, "DCGM: drain and reset the GPU"
+    ),
+    "ISOLATE": Verdict(
+        "DCGM_DIAG_HARDWARE",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        "DCGM: the GPU cannot run work; drain and reset it first (one run does not justify "
+        "replacing a part)",
+    ),
+    "TRIAGE": Verdict("DCGM_DIAG_TRIAGE", Severity.WARNING, Action.NONE, "DCGM: needs triage"),
+    "CONFIG": Verdict(
+        "DCGM_DIAG_CONFIG", Severity.WARNING, Action.NONE, "node misconfigured, not a broken part"
+    ),
+    "MONITOR": Verdict("DCGM_DIAG_MONITOR", Severity.INFO, Action.NONE, "DCGM: can run work"),
+}
+UNCLASSIFIED = Verdict(
+    "DCGM_DIAG_FAIL",
+    Severity.CRITICAL,
+    Action.NONE,
+    "the test failed for a reason DCGM does not classify: drained for a human",
+)
+WARNED = Verdict("DCGM_DIAG_WARN", Severity.WARNING, Action.NONE, "the test warned")
+
+# Where an error id calls for something other than its severity's verdict.
+ERROR_OVERRIDES: dict[int, Verdict] = {
+    120: Verdict(  # DCGM_FR_FALLEN_OFF_BUS
+        "DCGM_DIAG_HARDWARE",
+        Severity.CRITICAL,
+        Action.REBOOT,
+        "GPU fell off the bus: restart the node (as for Xid 79)",
+    ),
+    122: Verdict(  # DCGM_FR_IMEX_UNHEALTHY
+        "DCGM_DIAG_TRIAGE",
+        Severity.WARNING,
+        Action.NONE,
+        "IMEX is software, and DCGM reports it falsely on single-node systems (NVSentinel #1471)",
+    ),
+    126: Verdict(  # DCGM_FR_GPU_RECOVERY_REBOOT
+        "DCGM_DIAG_HARDWARE", Severity.CRITICAL, Action.REBOOT, "the driver asks for a reboot"
+    ),
+}
+
+# Status words, case-folded, to their canonical form.
+_STATUSES = {
+    "pass": "pass",
+    "passed": "pass",
+    "fail": "fail",
+    "failed": "fail",
+    "failure": "fail",
+    "warn": "warn",
+    "warning": "warn",
+    "skip": "skip",
+    "skipped": "skip",
+    "not run": "skip",
+}
+
+
+@dataclass(frozen=True)
+class DiagWarning:
+    text: str
+    error_id: int | None = None
+    severity_value: int | None = None
+
+
+@dataclass(frozen=True)
+class EntityResult:
+    """One test's verdict for one entity (``NODE`` when the document names none)."""
+
+    test: str
+    component: Component
+    word: str
+    warnings: tuple[DiagWarning, ...] = ()
+    evidence: str = ""
+
+    @property
+    def status(self) -> str | None:
+        """``pass``/``fail``/``warn``/``skip``, or ``None`` for a word we do not know."""
+        return _STATUSES.get(self.word.strip().casefold())
+
+
+@dataclass
+class _Tally:
+    findings: list[Finding] = field(default_factory=list)
+    skipped: dict[str, list[EntityResult]] = field(default_factory=dict)
+
+
+@cache
+def error_codes() -> dict[int, ErrorCode]:
+    """DCGM_FR_* codes by id, loaded once from the package data."""
+    text = resources.files("gpuguard").joinpath("data/dcgm_error_codes.csv").read_text()
+    return {
+        int(row["error_id"]): ErrorCode(
+            int(row["error_id"]), row["name"], row["severity"], row["category"], row["description"]
+        )
+        for row in csv.DictReader(text.splitlines())
+    }
+
+
+def parse_diag(text: str, exit_code: int) -> list[Finding]:
+    """Findings from one ``dcgmi diag -j`` run; raises ParseError unless it is a full document."""
+    document = load_dcgmi_json(text, SOURCE)
+    body = _diagnostic_body(document)
+    runtime_error = body.get("runtime_error")
+    results = read_results(body)
+    if not results and runtime_error is None:
+        raise ParseError(f"{SOURCE}: the document holds no test result (not a pass)")
+    tally = _Tally()
+    if runtime_error is not None:
+        reason = expect_str(runtime_error, f"{SOURCE}: runtime_error")
+        tally.findings.append(_inconclusive(f"the diagnostic did not finish: {reason}", reason))
+    for result in results:
+        _judge(result, tally)
+    tally.findings += [_skipped(test, skipped) for test, skipped in tally.skipped.items()]
+    if results and all(r.status == "skip" for r in results):
+        tally.findings.append(_nothing_tested(len(results)))
+    explained = runtime_error is not None or any(
+        r.status in ("fail", "warn", None) for r in results
+    )
+    if exit_code != 0 and not explained:
+        tally.findings.append(
+            _inconclusive(
+                f"dcgmi diag exited {describe_exit(exit_code)} although its document reports no "
+                "failure; not taken as a pass",
+                f"exit status {exit_code}",
+            )
+        )
+    return tally.findings
+
+
+def read_results(body: JsonObject) -> list[EntityResult]:
+    """Every per-entity result, plus a node-level one where only a test summary speaks."""
+    categories = body.get("test_categories")
+    if categories is None:
+        return []
+    results: list[EntityResult] = []
+    for index, category in enumerate(expect_list(categories, f"{SOURCE}: test_categories")):
+        where = f"{SOURCE}: test_categories[{index}]"
+        tests = expect_object(category, where).get("tests")
+        for test in expect_list(tests, f"{where}.tests"):
+            results += _test_results(expect_object(test, f"{where}.tests[]"))
+    return results
+
+
+def _diagnostic_body(document: JsonObject) -> JsonObject:
+    for key in DOCUMENT_KEYS:
+        if key in document:
+            return expect_object(document[key], f"{SOURCE}: {key}")
+    raise ParseError(f"{SOURCE}: neither {' nor '.join(map(repr, DOCUMENT_KEYS))} in the document")
+
+
+def _test_results(test: JsonObject) -> list[EntityResult]:
+    name = expect_str(test.get("name"), f"{SOURCE}: test name")
+    where = f"{SOURCE}: test {name!r}"
+    raw_results = test.get("results")
+    results: list[EntityResult] = []
+    for raw in expect_list(raw_results, f"{where}.results") if raw_results is not None else []:
+        results += _entity_results(name, expect_object(raw, f"{where}.results[]"))
+    summary = test.get("test_summary")
+    if summary is None:
+        return results
+    word = expect_str(expect_object(summary, f"{where}.test_summary").get("status"), where)
+    status = _STATUSES.get(word.strip().casefold())
+    # The summary speaks for the node when no entity result does, or when it says worse.
+    failed = any(r.status == "fail" for r in results)
+    if not results or status is None or (status == "fail" and not failed):
+        results.append(EntityResult(name, NODE, word, evidence=_compact(summary)))
+    return results
+
+
+def _entity_results(test: str, raw: JsonObject) -> list[EntityResult]:
+    where = f"{SOURCE}: test {test!r} result"
+    word = expect_str(raw.get("status"), f"{where}.status")
+    warnings = _warnings(raw.get("warnings"), f"{where}.warnings")
+    evidence = _compact(raw)
+    return [EntityResult(test, c, word, warnings, evidence) for c in _components(raw)]
+
+
+def _components(raw: JsonObject) -> list[Component]:
+    """DCGM 4 names one entity; DCGM 3 names GPUs in a string such as ``"0,1"``."""
+    if "entity_id" in raw:
+        group = raw.get("entity_group")
+        group_name = group if isinstance(group, str) else "GPU"
+        return [dcgm_entity(group_name, small_int(raw["entity_id"]))]
+    ids = raw.get("gpu_ids", raw.get("gpu_id"))
+    if isinstance(ids, int) and not isinstance(ids, bool):
+        return [dcgm_entity("GPU", small_int(ids))]
+    if isinstance(ids, str) and ids.strip():
+        return [dcgm_entity("GPU", int_text(part)) for part in ids.split(",")]
+    return [NODE]
+
+
+def _warnings(value: object, where: str) -> tuple[DiagWarning, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):  # early DCGM 3 printed one message string
+        return (DiagWarning(value),)
+    warnings: list[DiagWarning] = []
+    for item in expect_list(value, where):
+        if isinstance(item, str):
+            warnings.append(DiagWarning(item))
+            continue
+        entry = expect_object(item, where)
+        text = entry.get("warning")
+        warnings.append(
+            DiagWarning(
+                text if isinstance(text, str) else "",
+                small_int(entry.get("error_id")),
+                small_int(entry.get("error_severity")),
+            )
+        )
+    return tuple(warnings)
+
+
+def _judge(result: EntityResult, tally: _Tally) -> None:
+    status = result.status
+    if status == "skip":
+        tally.skipped.setdefault(result.test, []).append(result)
+    elif status is None:
+        why = "a status word gpuguard does not know: not read as a pass"
+        unknown = Verdict("DCGM_DIAG_UNKNOWN_STATUS", Severity.WARNING, Action.NONE, why)
+        tally.findings.append(_finding(result, unknown, None))
+    elif not result.warnings:
+        if status in ("fail", "warn"):
+            tally.findings.append(_finding(result, UNCLASSIFIED if status == "fail" else WARNED))
+    else:
+        for warning in result.warnings:
+            tally.findings.append(_finding(result, _verdict(warning, status), warning))
+
+
+def _verdict(warning: DiagWarning, status: str) -> Verdict:
+    if status == "pass":
+        return Verdict(
+            "DCGM_DIAG_PASSED_WITH_WARNING", Severity.INFO, Action.NONE, "the test still passed"
+        )
+    verdict = ERROR_OVERRIDES.get(warning.error_id or 0) or VERDICTS.get(
+        _severity_name(warning), UNCLASSIFIED
+    )
+    if status == "warn" and verdict.severity > Severity.WARNING:
+        capped = f"{verdict.why} (the test only warned)"
+        return Verdict(verdict.code, Severity.WARNING, verdict.action, capped)
+    return verdict
+
+
+def _severity_name(warning: DiagWarning) -> str:
+    """The document's own severity when it gives a usable one, else DCGM's table."""
+    named = SEVERITY_NAMES.get(warning.severity_value or 0)
+    if named in VERDICTS:
+        return named
+    known = error_codes().get(warning.error_id or 0)
+    return known.severity if known else "UNKNOWN"
+
+
+def _finding(result: EntityResult, verdict: Verdict, warning: DiagWarning | None = None) -> Finding:
+    detail = ""
+    if warning is not None:
+        known = error_codes().get(warning.error_id or 0)
+        label = f"{known.name} ({known.severity}, {known.category}): " if known else ""
+        detail = f": {label}{warning.text or 'no message'}"
+    message = f"{result.test} on {result.component}: {result.word}{detail} ({verdict.why})"
+    return Finding(
+        layer=Layer.GPU,
+        code=verdict.code,
+        severity=verdict.severity,
+        action=verdict.action,
+        component=result.component,
+        source=SOURCE,
+        message=message,
+        evidence=result.evidence,
+    )
+
+
+def _skipped(test: str, results: list[EntityResult]) -> Finding:
+    components = sorted({r.component for r in results})
+    component = components[0] if len(components) == 1 else NODE
+    reasons = sorted({w.text for r in results for w in r.warnings if w.text})
+    message = f"{test} skipped on {', '.join(c.id for c in components)}"
+    if reasons:
+        message += ": " + "; ".join(reasons)
+    return Finding(
+        Layer.GPU,
+        "DCGM_DIAG_SKIPPED",
+        Severity.INFO,
+        Action.NONE,
+        component,
+        SOURCE,
+        message,
+        results[0].evidence,
+    )
+
+
+def _nothing_tested(count: int) -> Finding:
+    return Finding(
+        Layer.GPU,
+        "DCGM_DIAG_NOTHING_TESTED",
+        Severity.WARNING,
+        Action.NONE,
+        NODE,
+        SOURCE,
+        f"all {count} diagnostic results were skipped: nothing was tested, not a pass",
+    )
+
+
+def _inconclusive(message: str, evidence: str) -> Finding:
+    # CHECK_FAILED marks the finding inconclusive, so the GPU layer reads Unknown.
+    return Finding(
+        Layer.GPU, CHECK_FAILED, Severity.WARNING, Action.NONE, NODE, SOURCE, message, evidence
+    )
+
+
+def _compact(value: object) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))[:600]
+    except (ValueError, RecursionError):
+        return ""

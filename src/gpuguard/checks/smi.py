@@ -1,0 +1,78 @@
+"""The nvidia-smi check: the GPU facts of ``nvidia-smi -q -x``, or of ``-q`` without XML.
+
+Parsing lives in :mod:`~gpuguard.checks.smi_xml` and :mod:`~gpuguard.checks.smi_text`;
+what the facts mean is decided by :func:`~gpuguard.checks.gpu_facts.evaluate_gpus`, the
+same as for NVML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+from gpuguard.checks.base import CheckContext
+from gpuguard.checks.gpu_facts import RULES, evaluate_gpus
+from gpuguard.checks.smi_common import SmiReport
+from gpuguard.checks.smi_text import parse_smi_text
+from gpuguard.checks.smi_xml import parse_smi_xml, read_smi_xml
+from gpuguard.errors import CheckFailed, ParseError, ToolMissing
+from gpuguard.model import NODE, Finding, Layer
+from gpuguard.sources import Artifact, ToolOutput
+
+__all__ = ["SmiCheck", "parse_smi_text", "parse_smi_xml"]
+
+SOURCE = "nvidia-smi"
+
+
+class SmiCheck:
+    """GPU health from nvidia-smi's full query report."""
+
+    name: ClassVar[str] = SOURCE
+    layer: ClassVar[Layer] = Layer.GPU
+
+    def run(self, ctx: CheckContext) -> list[Finding]:
+        read: Callable[[str], SmiReport]
+        try:
+            output = ctx.sources.read(Artifact.NVIDIA_SMI_XML, ctx.timeout_s)
+            read = read_smi_xml
+        except ToolMissing:
+            output = ctx.sources.read(Artifact.NVIDIA_SMI_TEXT, ctx.timeout_s)
+            read = _read_smi_text
+        report = _parse(output, read)
+        findings = evaluate_gpus(report.gpus, ctx.expectations.gpus, source=SOURCE)
+        if len(report.gpus) < report.attached_gpus:
+            findings.insert(0, _unlisted_gpus(report))
+        return findings
+
+
+def _read_smi_text(text: str) -> SmiReport:
+    # The text parser refuses a report that describes fewer GPUs than it announces.
+    gpus = parse_smi_text(text)
+    return SmiReport(len(gpus), gpus)
+
+
+def _parse(output: ToolOutput, read: Callable[[str], SmiReport]) -> SmiReport:
+    """The report; a failed run whose output is unreadable is a failure, not garbage."""
+    try:
+        return read(output.text)
+    except ParseError as exc:
+        if output.exit_code != 0:
+            raise CheckFailed(f"{output.origin} exited {output.exit_code}: {exc}") from exc
+        raise
+
+
+def _unlisted_gpus(report: SmiReport) -> Finding:
+    severity, action = RULES["GPU_NOT_REPORTED"]
+    return Finding(
+        layer=Layer.GPU,
+        code="GPU_NOT_REPORTED",
+        severity=severity,
+        action=action,
+        component=NODE,
+        source=SOURCE,
+        message=(
+            f"nvidia-smi counts {report.attached_gpus} attached GPUs "
+            f"but reports on only {len(report.gpus)}"
+        ),
+        evidence=f"attached_gpus={report.attached_gpus} gpus_reported={len(report.gpus)}",
+    )
