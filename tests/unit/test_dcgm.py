@@ -614,3 +614,7 @@ def test_exporter_check_on_bundles(tmp_path: Path) -> None:
     assert codes(findings) == ["DCGM_XID_SERIES_ABSENT"]
     findings = DcgmExporterCheck().run(context(tmp_path, expected_gpus=8))
     assert "DCGM_GPU_COUNT_MISMATCH" in codes(findings)
+
+
+def test_empty_runtime_error_says_nothing() -> None:
+    assert parse_diag(dcgm4(result(0, "Pass"), runtime_error=""), 0) == []

@@ -187,14 +187,14 @@ def parse_diag(text: str, exit_code: int) -> list[Finding]:
     """Findings from one ``dcgmi diag -j`` run; raises ParseError unless it is a full document."""
     document = load_dcgmi_json(text, SOURCE)
     body = _diagnostic_body(document)
-    runtime_error = body.get("runtime_error")
+    runtime_error = _runtime_error(body)
     results = read_results(body)
     if not results and runtime_error is None:
         raise ParseError(f"{SOURCE}: the document holds no test result (not a pass)")
     tally = _Tally()
     if runtime_error is not None:
-        reason = expect_str(runtime_error, f"{SOURCE}: runtime_error")
-        tally.findings.append(_inconclusive(f"the diagnostic did not finish: {reason}", reason))
+        message = f"the diagnostic did not finish: {runtime_error}"
+        tally.findings.append(_inconclusive(message, runtime_error))
     for result in results:
         _judge(result, tally)
     tally.findings += [_skipped(test, skipped) for test, skipped in tally.skipped.items()]
@@ -233,6 +233,14 @@ def _diagnostic_body(document: JsonObject) -> JsonObject:
         if key in document:
             return expect_object(document[key], f"{SOURCE}: {key}")
     raise ParseError(f"{SOURCE}: neither {' nor '.join(map(repr, DOCUMENT_KEYS))} in the document")
+
+
+def _runtime_error(body: JsonObject) -> str | None:
+    """The reason the diagnostic stopped, if it says one (an empty string says nothing)."""
+    value = body.get("runtime_error")
+    if value is None:
+        return None
+    return expect_str(value, f"{SOURCE}: runtime_error").strip() or None
 
 
 def _test_results(test: JsonObject) -> list[EntityResult]:
