@@ -458,7 +458,7 @@ def scrape(*lines: str) -> str:
             "DCGM_FI_DEV_ROW_REMAP_FAILURE{} 1",
             "DCGM_ROW_REMAP_FAILURE",
             Severity.CRITICAL,
-            Action.RESET_GPU,
+            Action.REPLACE,
         ),
         (
             "DCGM_FI_DEV_ROW_REMAP_PENDING{} 1",

@@ -97,8 +97,8 @@ COUNTER_RULES = (
         "DCGM_ROW_REMAP_FAILURE",
         1,
         Severity.CRITICAL,
-        Action.RESET_GPU,
-        "row remapping failed: reset the GPU; replace it if the flag persists",
+        Action.REPLACE,
+        "row remapping failed: the GPU has no spare rows left to repair with",
     ),
     CounterRule(
         "DCGM_FI_DEV_ROW_REMAP_PENDING",
