@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import DATA
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.dcgm import DcgmCheck
@@ -21,6 +20,7 @@ from gpuguard.config import Config
 from gpuguard.model import Layer, Outcome, Status
 from gpuguard.runner import GRACE_S, assess, run_check
 from gpuguard.sources import LiveSources
+from tests.conftest import DATA
 
 TIMEOUT_S = 1.0
 # Time allowed past the timeout for killing the tool and reporting.

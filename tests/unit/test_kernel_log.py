@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from tests.conftest import read_data
 
 from gpuguard.checks.kernel_log import classify_log, parse_line, scan
 from gpuguard.model import Action, Layer, Severity
+from tests.conftest import read_data
 
 
 def codes(findings):

@@ -7,8 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.conftest import DATA, read_data
-from tests.unit.ib_tree import EFA_DEVICE, efa_tree, h100_tree, write
 
 from gpuguard.checks import network
 from gpuguard.checks.base import CheckContext
@@ -23,6 +21,8 @@ from gpuguard.config import Config
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Severity, nic
 from gpuguard.sources import BundleSources, LiveSources
+from tests.conftest import DATA, read_data
+from tests.unit.ib_tree import EFA_DEVICE, efa_tree, h100_tree, write
 
 ALL_ACTIVE = "ibstat_h100_all_active.txt"
 SOME_DOWN = "ibstat_h100_some_ports_down.txt"

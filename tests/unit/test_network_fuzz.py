@@ -8,12 +8,12 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.conftest import read_data
-from tests.unit.ib_tree import h100_tree
 
 from gpuguard.checks.ibstat import IbstatPorts, parse_ibstat
 from gpuguard.checks.network import read_infiniband_sysfs
 from gpuguard.errors import ParseError
+from tests.conftest import read_data
+from tests.unit.ib_tree import h100_tree
 
 FIXTURES = {
     name: read_data(name)
