@@ -1,0 +1,49 @@
+"""Property-based fuzzing of the kernel log scanner: it reads any text without raising, and
+whatever Xid line it is fed, the verdict stays on the ladder and names the GPU."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuguard.checks.kernel_log import classify_log
+from gpuguard.model import Action, Severity
+from tests.conftest import DATA
+
+REAL_LOGS = [path.read_text() for path in sorted(DATA.glob("*.log"))]
+hexbyte = st.integers(0, 255).map(lambda n: f"{n:02x}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_text_is_read_without_raising(text):
+    for finding in classify_log(text):
+        assert finding.action in Action
+        assert finding.severity in Severity
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(REAL_LOGS), st.integers(0, 10_000), st.integers(0, 10_000), st.text(max_size=40)
+)
+def test_mutated_real_logs_never_raise(log, cut, insert_at, noise):
+    mutated = log[: insert_at % (len(log) + 1)] + noise + log[insert_at % (len(log) + 1) :]
+    classify_log(mutated[: cut % (len(mutated) + 1)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 0xFFFF),
+    hexbyte,
+    hexbyte,
+    st.integers(0, 100_000),
+    st.text(alphabet=st.characters(blacklist_characters="\n\r"), max_size=60),
+)
+def test_any_xid_line_gives_one_finding_for_its_gpu(domain, bus, device, code, text):
+    line = f"[  12.000001] NVRM: Xid (PCI:{domain:04x}:{bus}:{device}): {code}, {text}"
+    findings = classify_log(line)
+    assert len(findings) == 1
+    (finding,) = findings
+    assert finding.component.id == f"{domain:04x}:{bus}:{device}.0"
+    if code not in (45, 154):
+        assert finding.code == f"XID_{code}"
