@@ -27,7 +27,9 @@ def to_table(report: NodeReport, *, verbose: bool = False, width: int = 100) -> 
     """
     lines = [f"node: {report.status} (recommended action: {report.action})"]
     for layer, health in report.layers.items():
-        answered = ", ".join(health.answered_by) or "no source answered"
+        answered = ", ".join(health.answered_by) or "no source answered: " + ", ".join(
+            health.not_answered
+        )
         lines.append(f"\n[{_MARK[health.status]}] {layer:<8} {health.status:<10} via {answered}")
         shown = [f for f in health.findings if verbose or f.severity > Severity.INFO]
         hidden = len(health.findings) - len(shown)

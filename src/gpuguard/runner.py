@@ -95,15 +95,27 @@ def assess(results: Sequence[CheckResult], *, fail_closed: bool) -> NodeReport:
 
 
 def _deduplicate(findings: list[Finding]) -> list[Finding]:
-    """Keep the first report of each (code, component): sources overlap on purpose."""
-    seen: set[tuple[str, str, str]] = set()
+    """Keep the first report of each (code, component): sources overlap on purpose.
+
+    Findings about a check's own outcome (``TOOL_MISSING`` …) are per check, never merged.
+    """
+    seen: set[tuple[str, str, str, str]] = set()
     unique = []
     for finding in findings:
-        key = (finding.code, finding.component.kind, finding.component.id)
+        own_outcome = finding.code in _OUTCOME_FINDING_CODES
+        key = (
+            finding.code,
+            finding.component.kind,
+            finding.component.id,
+            finding.source if own_outcome else "",
+        )
         if key not in seen:
             seen.add(key)
             unique.append(finding)
     return unique
+
+
+_OUTCOME_FINDING_CODES = frozenset(OUTCOME_CODES.values())
 
 
 def _context(check: Check, sources: Sources, config: Config) -> CheckContext:

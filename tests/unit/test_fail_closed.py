@@ -3,6 +3,7 @@ gives an explicit verdict on time, and never lets its layer read as Healthy."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.dcgm import DcgmCheck
 from gpuguard.checks.smi import SmiCheck
+from gpuguard.cli import main
 from gpuguard.config import Config
 from gpuguard.model import Layer, Outcome, Status
 from gpuguard.runner import GRACE_S, assess, run_check
@@ -191,3 +193,13 @@ def _alive(pid: int) -> bool:
             return handle.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_every_missing_gpu_source_is_reported_not_merged(tmp_path, capsys):
+    (tmp_path / "kmsg.log").write_text("[ 1.0] Linux version 6.1.0\n")
+    assert main(["check", "--json", "--bundle", str(tmp_path)]) == 2
+    gpu = json.loads(capsys.readouterr().out)["layers"]["gpu"]
+    assert gpu["status"] == "Unhealthy"
+    assert gpu["answered_by"] == []
+    sources = sorted(f["source"] for f in gpu["findings"] if f["code"] == "TOOL_MISSING")
+    assert sources == ["dcgm", "dcgm-exporter", "nvidia-smi", "nvml"]
