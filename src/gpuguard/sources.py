@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -146,9 +147,12 @@ class LiveSources:
                 return run_tool([self.tool("nvidia-smi"), "-q"], timeout_s)
             case Artifact.DCGMI_HEALTH:
                 dcgmi = self.tool("dcgmi")
-                # Watches must be set before a health query reports anything.
+                # Watches must be set before a health query reports anything; both calls
+                # share the one time budget.
+                started = time.monotonic()
                 run_tool([dcgmi, "health", "-s", "a"], timeout_s)
-                return run_tool([dcgmi, "health", "-c", "-j"], timeout_s)
+                remaining = max(0.1, timeout_s - (time.monotonic() - started))
+                return run_tool([dcgmi, "health", "-c", "-j"], remaining)
             case Artifact.DCGMI_DIAG:
                 level = self._config.dcgm_diag_level
                 if level is None:
