@@ -120,11 +120,6 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def stderr_hint(output: ToolOutput) -> str:
-    """A short description of a tool run for messages."""
-    return f"{output.origin} exited {output.exit_code}"
-
-
 class LiveSources:
     """Runs the node's own tools (found on PATH, or where the config says)."""
 

@@ -8,6 +8,7 @@ Xid 79 still counts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,6 +27,8 @@ from gpuguard.model import (
 
 if TYPE_CHECKING:
     from gpuguard.checks.kernel_log import KernelEvent
+
+_SXID_LINK = re.compile(r",\s*(Link \d+[^,]*)")
 
 # Xids that only ever follow another one in the same incident.
 _FOLLOWERS = frozenset({43, 45})
@@ -211,13 +214,8 @@ def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
     findings = []
     for (code, device), lines in groups.items():
         fatal = any(e.text.startswith("Fatal") for e in lines)
-        links = sorted(
-            {
-                e.text.split(",")[1].strip()
-                for e in lines
-                if e.text.count(",") >= 1 and "Link" in e.text.split(",")[1]
-            }
-        )
+        # "Fatal, Link 48 LTSSM Fault Up": the part after the first comma names the link.
+        links = sorted({m[1] for e in lines if (m := _SXID_LINK.search(e.text))})
         component = Component("nvswitch", gpu(device).id)
         findings.append(
             Finding(
