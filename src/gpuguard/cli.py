@@ -7,6 +7,7 @@ with ``--no-fail-closed``); 64 for bad usage or configuration. Errors are one li
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +60,28 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.add_argument("-v", "--verbose", action="store_true", help="list informational findings")
 
+    agent = commands.add_parser(
+        "agent",
+        help="watch this node continuously and publish its health as Node conditions",
+        epilog="environment: NODE_NAME names the Node when --node-name is not given",
+    )
+    agent.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME")
+    agent.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
+    agent.add_argument(
+        "--kubeconfig", type=Path, metavar="FILE", help="default: the pod's ServiceAccount"
+    )
+    agent.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="DIR",
+        help="read a bundle directory instead of the live node (its kmsg.log is followed)",
+    )
+    agent.add_argument(
+        "--print-conditions",
+        action="store_true",
+        help="no Kubernetes: run every check once, print the conditions as JSON, exit",
+    )
+
     bundle = commands.add_parser("bundle", help="capture diagnostics for offline triage")
     bundle_commands = bundle.add_subparsers(
         dest="bundle_command", required=True, parser_class=_Parser
@@ -81,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command == "bundle":
             return _bundle_collect(args)
+        if args.command == "agent":
+            # Imported here: the agent's dependencies cost start-up time `check` skips.
+            from gpuguard.agent.main import run_agent
+
+            return run_agent(args)
         return _explain_xid(args.code)
     except ConfigError as exc:
         print(f"gpuguard: {exc}", file=sys.stderr)

@@ -6,7 +6,7 @@ Errors name the bad key and the file, so a typo in a fleet-wide config is found 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -69,6 +69,23 @@ class Config(BaseModel):
     )
     cross_check: bool = Field(default=False, description="Also read nvidia-smi when NVML answered")
 
+    # The agent (gpuguard agent).
+    condition_profile: Literal["gpuguard", "eks"] = Field(
+        default="gpuguard", description="Condition names: gpuguard's own, or the EKS names"
+    )
+    check_interval_s: PositiveSeconds = Field(default=30.0, description="Default check period")
+    check_intervals: dict[str, PositiveSeconds] = Field(
+        default_factory=lambda: {"dcgm": 300.0},
+        description="Per-check period in seconds, by check name (expensive checks rarely)",
+    )
+    heartbeat_interval_s: PositiveSeconds = Field(
+        default=180.0, description="Rewrite conditions at least this often, even unchanged"
+    )
+    application_fault_ttl_s: PositiveSeconds = Field(
+        default=600.0, description="How long an application-class Xid stays in the verdict"
+    )
+    metrics_port: int = Field(default=9465, ge=0, le=65535, description="0 disables /metrics")
+
     @property
     def expectations(self) -> Expectations:
         return Expectations(
@@ -77,6 +94,9 @@ class Config(BaseModel):
 
     def timeout_for(self, check: str) -> float:
         return self.timeouts.get(check, self.default_timeout_s)
+
+    def interval_for(self, check: str) -> float:
+        return self.check_intervals.get(check, self.check_interval_s)
 
     def with_overrides(self, **overrides: Any) -> Config:
         """A copy with the non-``None`` overrides applied and validated (CLI flags win)."""

@@ -176,15 +176,45 @@ def _collect(pending: _Pending) -> CheckResult:
 
 
 def _inconclusive(check: Check, outcome: Outcome, detail: str, elapsed: float) -> CheckResult:
+    return inconclusive_result(check.name, check.layer, outcome, detail, elapsed)
+
+
+def inconclusive_result(
+    name: str, layer: Layer, outcome: Outcome, detail: str, elapsed: float
+) -> CheckResult:
+    """The result of a check that gave no verdict, with the finding that says why."""
     # Missing tools and absent hardware are facts, not faults; the rest block "Healthy".
     quiet = outcome in (Outcome.TOOL_MISSING, Outcome.NOT_APPLICABLE)
     finding = Finding(
-        layer=check.layer,
+        layer=layer,
         code=OUTCOME_CODES[outcome],
         severity=Severity.INFO if quiet else Severity.WARNING,
         action=Action.NONE,
         component=NODE,
-        source=check.name,
+        source=name,
         message=detail,
     )
-    return CheckResult(check.name, check.layer, outcome, [finding], elapsed, detail)
+    return CheckResult(name, layer, outcome, [finding], elapsed, detail)
+
+
+class RepeatingCheck:
+    """Runs one check again and again (the agent's schedule) without piling up stuck runs.
+
+    If the previous run is still blocked past its timeout (abandoned, not killed), the next
+    run does not start another copy: it reports the check as still timed out.
+    """
+
+    def __init__(self, check: Check, ctx: CheckContext) -> None:
+        self.check = check
+        self.ctx = ctx
+        self._stuck: _Pending | None = None
+
+    def run_once(self) -> CheckResult:
+        if self._stuck is not None and self._stuck.thread.is_alive():
+            waited = time.monotonic() - self._stuck.started
+            detail = f"{self.check.name}: previous run still stuck after {waited:.0f}s"
+            return _inconclusive(self.check, Outcome.TIMED_OUT, detail, 0.0)
+        pending = _start(self.check, self.ctx)
+        result = _collect(pending)
+        self._stuck = pending if pending.thread.is_alive() else None
+        return result

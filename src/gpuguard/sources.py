@@ -65,6 +65,10 @@ class Sources(Protocol):
         """A second counter sample taken after the first (None: none available)."""
         ...
 
+    def boot_id(self) -> str:
+        """Identifies the current boot: kernel-log findings hold until it changes."""
+        ...
+
 
 def run_tool(argv: list[str], timeout_s: float) -> ToolOutput:
     """Run a diagnostic with a hard timeout; never blocks past it.
@@ -167,6 +171,12 @@ class LiveSources:
     def infiniband_root_later(self) -> Path | None:
         return None
 
+    def boot_id(self) -> str:
+        try:
+            return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return "unknown"
+
     def _fetch_metrics(self, timeout_s: float) -> ToolOutput:
         url = self._config.dcgm_exporter_url
         if not url:
@@ -261,6 +271,18 @@ class BundleSources:
     def infiniband_root_later(self) -> Path | None:
         later = self.root / "sysfs-later"
         return later if later.is_dir() else None
+
+    def boot_id(self) -> str:
+        path = self.root / "boot_id"
+        return path.read_text().strip() if path.exists() else f"bundle:{self.root.resolve()}"
+
+    def kernel_log_path(self) -> Path:
+        kmsg = self.root / Artifact.KERNEL_LOG.value
+        return (
+            kmsg
+            if kmsg.exists() or not (self.root / "dmesg.log").exists()
+            else self.root / "dmesg.log"
+        )
 
 
 def _recorded_exit_code(root: Path) -> int:

@@ -1,0 +1,279 @@
+"""``gpuguard agent``: checks on a schedule, the kernel log followed, conditions published.
+
+Three kinds of thread: one loop per scheduled check, one kernel-log follower, and the
+publisher (the caller's thread). They share one state object; the publisher wakes on every
+change, so a new Xid line reaches the Node in about a second. Nothing is published before
+every check has run once: a restarted agent never reports a known-bad node healthy
+because it has not looked yet.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpuguard.agent.conditions import (
+    OWNED_TYPES,
+    PROFILES,
+    Desired,
+    desired_conditions,
+    plan_write,
+)
+from gpuguard.agent.follow import Follower
+from gpuguard.agent.kernel_state import KernelState, decode_memory, encode_memory, lasting
+from gpuguard.agent.metrics import AgentMetrics
+from gpuguard.checks.base import Check, CheckContext
+from gpuguard.config import Config
+from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
+from gpuguard.model import CheckResult, Layer, NodeReport, Outcome
+from gpuguard.runner import RepeatingCheck, assess, inconclusive_result
+from gpuguard.sources import Sources
+
+if TYPE_CHECKING:
+    from gpuguard.kube.client import NodeApi
+
+log = logging.getLogger("gpuguard.agent")
+
+MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"
+CONTROLLER = "gpuguard.io/agent"
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+
+
+@dataclass
+class _Published:
+    """What we believe the Node says, and what we owe it."""
+
+    node: NodeView | None = None
+    conditions: dict[str, dict[str, object]] | None = None
+    last_heartbeat: float = float("-inf")
+    memory: str | None = None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        sources: Sources,
+        checks: list[Check],
+        follower: Follower,
+        node_name: str,
+        api: NodeApi | None,
+        metrics: AgentMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.sources = sources
+        self.node_name = node_name
+        self.api = api
+        self.metrics = metrics or AgentMetrics()
+        self.follower = follower
+        self._clock = clock
+        # The kernel log is followed, not polled.
+        self._checks = [c for c in checks if c.name != "kernel-log"]
+        self._results: dict[str, CheckResult] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self._first_round: set[str] = {c.name for c in self._checks}
+        self._kernel = KernelState(config.application_fault_ttl_s, clock)
+        self._kernel_status: CheckResult | None = None
+        self._published = _Published()
+
+    # --- running ------------------------------------------------------------------
+    def start_observers(self, stop: threading.Event) -> None:
+        """Start the check loops and the kernel-log follower (daemon threads)."""
+        for check in self._checks:
+            ctx = CheckContext(self.sources, self.config, self.config.timeout_for(check.name))
+            runner = RepeatingCheck(check, ctx)
+            threading.Thread(
+                target=self._check_loop, args=(runner, stop), name=f"loop-{check.name}", daemon=True
+            ).start()
+        threading.Thread(target=self._follow, args=(stop,), name="kernel-log", daemon=True).start()
+
+    def run(self, stop: threading.Event) -> None:
+        """Observe and publish until ``stop`` is set. Never raises on API errors."""
+        self.start_observers(stop)
+        backoff = BACKOFF_MIN_S
+        while not stop.is_set():
+            self.metrics.alive()
+            self._changed.clear()
+            wait = self._heartbeat_wait()
+            try:
+                if self.publish_once():
+                    backoff = BACKOFF_MIN_S
+            except KubeError as exc:
+                kind = "rejected" if isinstance(exc, KubeRejected) else "unavailable"
+                self.metrics.publish_errors.labels(kind).inc()
+                log.warning(
+                    "publishing conditions failed (%s), retrying in %.1fs: %s", kind, backoff, exc
+                )
+                stop.wait(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                continue
+            self._changed.wait(wait)
+
+    def wait_first_round(self, timeout_s: float) -> bool:
+        deadline = self._clock() + timeout_s
+        while self._clock() < deadline:
+            if self.report() is not None:
+                return True
+            self._changed.wait(0.1)
+            self._changed.clear()
+        return False
+
+    # --- state --------------------------------------------------------------------
+    def report(self) -> NodeReport | None:
+        """The node's health now, or None until every source has been read once."""
+        with self._lock:
+            if self._first_round or self._kernel_status is None:
+                return None
+            results = list(self._results.values())
+            kernel = self._kernel_status
+        if kernel.outcome is Outcome.OK:
+            kernel = CheckResult(
+                kernel.check,
+                kernel.layer,
+                kernel.outcome,
+                self._kernel.findings(),
+                kernel.duration_s,
+            )
+        return assess([kernel, *results], fail_closed=self.config.fail_closed)
+
+    def desired(self, report: NodeReport) -> list[Desired]:
+        return desired_conditions(report.layers, self.config.condition_profile)
+
+    def _check_loop(self, runner: RepeatingCheck, stop: threading.Event) -> None:
+        name = runner.check.name
+        while not stop.is_set():
+            if self._skip_as_fallback(name):
+                result = None
+            else:
+                result = runner.run_once()
+                self.metrics.observe_check(result)
+            with self._lock:
+                if result is None:
+                    self._results.pop(name, None)
+                else:
+                    self._results[name] = result
+                self._first_round.discard(name)
+            self._changed.set()
+            stop.wait(self.config.interval_for(name))
+
+    def _skip_as_fallback(self, name: str) -> bool:
+        # nvidia-smi stands in for NVML; it runs only while NVML gives no verdict.
+        if name != "nvidia-smi" or self.config.cross_check:
+            return False
+        with self._lock:
+            nvml = self._results.get("nvml")
+        return nvml is not None and nvml.answered
+
+    def _follow(self, stop: threading.Event) -> None:
+        started = self._clock()
+
+        def on_lines(lines: list[str], reset: bool) -> None:
+            for event in self._kernel.add_lines(lines, reset):
+                if event.kind == "xid":
+                    self.metrics.xids.labels(str(event.code)).inc()
+            with self._lock:
+                self._kernel_status = CheckResult(
+                    "kernel-log", Layer.KERNEL, Outcome.OK, [], self._clock() - started
+                )
+            self._changed.set()
+
+        try:
+            self.follower.follow(on_lines, stop)
+        except Exception as exc:  # an unreadable log is a verdict on the kernel layer
+            detail = f"kernel-log: cannot follow {self.follower.description}: {exc}"
+            log.error("%s", detail)
+            with self._lock:
+                self._kernel_status = inconclusive_result(
+                    "kernel-log", Layer.KERNEL, Outcome.FAILED, detail, 0.0
+                )
+            self._changed.set()
+
+    # --- publishing ---------------------------------------------------------------
+    def publish_once(self) -> bool:
+        """Bring the Node up to date; True when there was something to decide."""
+        assert self.api is not None
+        published = self._published
+        if published.node is None:
+            published.node = self.api.get_node(self.node_name)
+            published.conditions = {
+                t: c for t, c in published.node.conditions.items() if t in OWNED_TYPES
+            }
+            memory = published.node.annotations.get(MEMORY_ANNOTATION, "")
+            published.memory = memory
+            self._kernel.remember(decode_memory(memory, self.sources.boot_id()))
+        report = self.report()
+        if report is None:
+            return False
+        self.metrics.observe_report(report)
+        now = self._clock()
+        heartbeat_due = now - published.last_heartbeat >= self.config.heartbeat_interval_s
+        write = plan_write(
+            self.desired(report),
+            published.conditions or {},
+            _utc_now(),
+            heartbeat_due=heartbeat_due,
+        )
+        if not write.empty:
+            self.api.patch_conditions(self.node_name, write.conditions, write.remove)
+            conditions = published.conditions or {}
+            for removed in write.remove:
+                conditions.pop(removed, None)
+            conditions.update({str(c["type"]): c for c in write.conditions})
+            published.conditions = conditions
+            if heartbeat_due:
+                published.last_heartbeat = now
+            self.metrics.last_publish.set(time.time())
+            for want, old in write.transitions:
+                self._announce(report, want, old)
+        self._save_memory(report)
+        self.metrics.ready.set()
+        return True
+
+    def _announce(self, report: NodeReport, want: Desired, old: str | None) -> None:
+        assert self.api is not None and self._published.node is not None
+        layer = next(
+            layer for layer, h in report.layers.items() if self.desired_type(layer) == want.type
+        )
+        codes = sorted({f.code for f in report.layers[layer].findings if f.severity > 0})
+        note = f"{want.type}: {old or 'none'} -> {want.status} ({want.reason}); " + (
+            f"findings: {', '.join(codes)}" if codes else "no findings"
+        )
+        try:
+            self.api.create_event(
+                self._published.node,
+                reason=want.reason,
+                note=note,
+                warning=want.status != "True",
+                controller=CONTROLLER,
+                instance=f"{CONTROLLER}/{self.node_name}",
+                action="HealthChanged",
+            )
+        except KubeError as exc:  # the condition is written; the event is best effort
+            self.metrics.publish_errors.labels("event").inc()
+            log.warning("recording the %s transition as an Event failed: %s", want.type, exc)
+
+    def desired_type(self, layer: Layer) -> str:
+        return PROFILES[self.config.condition_profile][layer]
+
+    def _save_memory(self, report: NodeReport) -> None:
+        assert self.api is not None
+        findings = lasting(f for h in report.layers.values() for f in h.findings)
+        memory = encode_memory(self.sources.boot_id(), findings) if findings else ""
+        if memory != (self._published.memory or ""):
+            self.api.patch_annotations(self.node_name, {MEMORY_ANNOTATION: memory or None})
+            self._published.memory = memory
+
+    def _heartbeat_wait(self) -> float:
+        since = self._clock() - self._published.last_heartbeat
+        return max(0.05, self.config.heartbeat_interval_s - since)
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,110 @@
+"""What the followed kernel log currently says, as findings.
+
+Hardware findings hold until the log starts over (a new boot): an Xid 79 does not heal by
+being old. Application faults (a crashing job's Xid 13) fall out after a time to live: the
+job died with them. Findings remembered from before an agent restart (stored on the Node,
+same boot) are kept too, so a restart never turns a known-bad node healthy just because
+the ring buffer no longer holds the line.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from gpuguard.checks.kernel_incidents import findings_for_events
+from gpuguard.checks.kernel_log import KernelEvent, parse_line
+from gpuguard.checks.xid_catalog import rule_for
+from gpuguard.model import Action, Component, Finding, Layer, Severity
+
+SOURCE = "kernel-log"
+REMEMBERED_SOURCE = "kernel-log (remembered across agent restart)"
+
+
+class KernelState:
+    def __init__(self, application_ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        self._ttl = application_ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._events: list[tuple[float, KernelEvent]] = []
+        self._remembered: list[Finding] = []
+
+    def add_lines(self, lines: Iterable[str], reset: bool) -> list[KernelEvent]:
+        """Take new log lines; returns the events found in them."""
+        now = self._clock()
+        events = [e for line in lines if (e := parse_line(line)) is not None]
+        with self._lock:
+            if reset:
+                self._events.clear()
+                self._remembered.clear()
+            self._events.extend((now, event) for event in events)
+        return events
+
+    def findings(self) -> list[Finding]:
+        now = self._clock()
+        with self._lock:
+            self._events = [(t, e) for t, e in self._events if not self._expired(t, e, now)]
+            events = [e for _, e in self._events]
+            remembered = list(self._remembered)
+        found = findings_for_events(events, SOURCE)
+        seen = {(f.code, f.component) for f in found}
+        return found + [f for f in remembered if (f.code, f.component) not in seen]
+
+    def remember(self, findings: Iterable[Finding]) -> None:
+        with self._lock:
+            self._remembered = list(findings)
+
+    def _expired(self, received: float, event: KernelEvent, now: float) -> bool:
+        application = event.kind == "xid" and rule_for(event.code or -1).application
+        return application and now - received > self._ttl
+
+
+def lasting(findings: Iterable[Finding]) -> list[Finding]:
+    """The findings worth remembering across an agent restart: critical hardware ones."""
+    sources = (SOURCE, REMEMBERED_SOURCE)
+    return [f for f in findings if f.severity is Severity.CRITICAL and f.source in sources]
+
+
+def encode_memory(boot_id: str, findings: list[Finding]) -> str:
+    return json.dumps(
+        {
+            "bootId": boot_id,
+            "findings": [
+                {
+                    **f.to_dict(),
+                    "componentKind": f.component.kind,
+                    "componentId": f.component.id,
+                    "componentUuid": f.component.uuid,
+                }
+                for f in findings
+            ],
+        },
+        sort_keys=True,
+    )
+
+
+def decode_memory(text: str, boot_id: str) -> list[Finding]:
+    """Findings stored for this boot; anything unreadable or from another boot is ignored."""
+    try:
+        data = json.loads(text)
+        if data.get("bootId") != boot_id:
+            return []
+        return [
+            Finding(
+                layer=Layer(item["layer"]),
+                code=str(item["code"]),
+                severity=Severity[str(item["severity"]).upper()],
+                action=Action[str(item["action"])],
+                component=Component(
+                    item["componentKind"], item["componentId"], item.get("componentUuid")
+                ),
+                source=REMEMBERED_SOURCE,
+                message=str(item["message"]),
+                evidence=str(item["evidence"]),
+            )
+            for item in data.get("findings", [])
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []

@@ -1,0 +1,83 @@
+"""Wiring for ``gpuguard agent``: configuration, sources, signals, metrics endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+
+from gpuguard.agent.daemon import Agent
+from gpuguard.agent.follow import Follower, follower_for
+from gpuguard.agent.metrics import AgentMetrics, serve
+from gpuguard.checks.registry import default_checks
+from gpuguard.config import Config, load_config
+from gpuguard.errors import ConfigError
+from gpuguard.model import Status
+from gpuguard.sources import BundleSources, LiveSources, Sources
+
+FIRST_ROUND_TIMEOUT_S = 600.0
+EXIT_USAGE = 64
+
+log = logging.getLogger("gpuguard.agent")
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    config = load_config(args.config)
+    sources: Sources
+    if args.bundle is not None:
+        if not args.bundle.is_dir():
+            raise ConfigError(f"--bundle {args.bundle}: not a directory")
+        sources = BundleSources(args.bundle)
+        follower = follower_for(config.kernel_log, sources.kernel_log_path())
+    else:
+        sources = LiveSources(config)
+        try:
+            follower = follower_for(config.kernel_log)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    stop = threading.Event()
+    if args.print_conditions:
+        return _print_conditions(config, sources, follower, args.node_name or "", stop)
+    if not args.node_name:
+        raise ConfigError("--node-name (or NODE_NAME) is required to publish conditions")
+    # Imported here: the Kubernetes client costs start-up time the other commands skip.
+    from gpuguard.kube.client import NodeApi, load_client
+
+    api = NodeApi(load_client(args.kubeconfig))
+    metrics = AgentMetrics()
+    if config.metrics_port:
+        serve(metrics, config.metrics_port)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    agent = Agent(config, sources, default_checks(), follower, args.node_name, api, metrics)
+    log.info(
+        "gpuguard agent publishing %s conditions for node %s; kernel log: %s",
+        config.condition_profile,
+        args.node_name,
+        follower.description,
+    )
+    agent.run(stop)
+    log.info("gpuguard agent stopped")
+    return 0
+
+
+def _print_conditions(
+    config: Config, sources: Sources, follower: Follower, node_name: str, stop: threading.Event
+) -> int:
+    agent = Agent(config, sources, default_checks(), follower, node_name, api=None)
+    agent.start_observers(stop)
+    if not agent.wait_first_round(FIRST_ROUND_TIMEOUT_S):
+        print("gpuguard agent: checks did not complete", file=sys.stderr)
+        return 2
+    report = agent.report()
+    stop.set()
+    assert report is not None
+    conditions = [vars(d) for d in agent.desired(report)]
+    print(json.dumps({"conditions": conditions, "report": report.to_dict()}, indent=2))
+    return 0 if report.status is Status.HEALTHY else 2
