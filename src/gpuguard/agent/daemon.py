@@ -42,6 +42,7 @@ log = logging.getLogger("gpuguard.agent")
 MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"
 CONTROLLER = "gpuguard.io/agent"
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+FOLLOW_RETRY_S = 5.0
 
 
 @dataclass
@@ -79,7 +80,7 @@ class Agent:
         self._lock = threading.Lock()
         self._changed = threading.Event()
         self._first_round: set[str] = {c.name for c in self._checks}
-        self._kernel = KernelState(config.application_fault_ttl_s, clock)
+        self._kernel = KernelState(config.application_fault_ttl_s, sources.boot_id, clock)
         self._kernel_status: CheckResult | None = None
         self._published = _Published()
 
@@ -184,16 +185,18 @@ class Agent:
                 )
             self._changed.set()
 
-        try:
-            self.follower.follow(on_lines, stop)
-        except Exception as exc:  # an unreadable log is a verdict on the kernel layer
-            detail = f"kernel-log: cannot follow {self.follower.description}: {exc}"
-            log.error("%s", detail)
-            with self._lock:
-                self._kernel_status = inconclusive_result(
-                    "kernel-log", Layer.KERNEL, Outcome.FAILED, detail, 0.0
-                )
-            self._changed.set()
+        while not stop.is_set():
+            try:
+                self.follower.follow(on_lines, stop)
+            except Exception as exc:  # an unreadable log is a verdict on the kernel layer
+                detail = f"kernel-log: cannot follow {self.follower.description}: {exc}"
+                log.error("%s; retrying in %.0fs", detail, FOLLOW_RETRY_S)
+                with self._lock:
+                    self._kernel_status = inconclusive_result(
+                        "kernel-log", Layer.KERNEL, Outcome.FAILED, detail, 0.0
+                    )
+                self._changed.set()
+                stop.wait(FOLLOW_RETRY_S)
 
     # --- publishing ---------------------------------------------------------------
     def publish_once(self) -> bool:
@@ -207,7 +210,7 @@ class Agent:
             }
             memory = published.node.annotations.get(MEMORY_ANNOTATION, "")
             published.memory = memory
-            self._kernel.remember(decode_memory(memory, self.sources.boot_id()))
+            self._kernel.remember(*decode_memory(memory))
         report = self.report()
         if report is None:
             return False

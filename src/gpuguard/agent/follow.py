@@ -36,13 +36,15 @@ class FileFollower:
         self.description = str(path)
 
     def follow(self, on_lines: LinesCallback, stop: threading.Event) -> None:
+        if not self.path.exists():
+            raise FileNotFoundError(f"{self.path}: no such file")
         identity: tuple[int, int] | None = None
         position = 0
         pending = ""
         while not stop.is_set():
             try:
                 stat = self.path.stat()
-            except FileNotFoundError:
+            except FileNotFoundError:  # between a rotation's unlink and the new file
                 stop.wait(self.poll_s)
                 continue
             reset = identity != (stat.st_dev, stat.st_ino) or stat.st_size < position

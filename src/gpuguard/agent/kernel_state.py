@@ -3,7 +3,7 @@
 Hardware findings hold until the log starts over (a new boot): an Xid 79 does not heal by
 being old. Application faults (a crashing job's Xid 13) fall out after a time to live: the
 job died with them. Findings remembered from before an agent restart (stored on the Node,
-same boot) are kept too, so a restart never turns a known-bad node healthy just because
+same boot) count too, so a restart never turns a known-bad node healthy just because
 the ring buffer no longer holds the line.
 """
 
@@ -24,12 +24,18 @@ REMEMBERED_SOURCE = "kernel-log (remembered across agent restart)"
 
 
 class KernelState:
-    def __init__(self, application_ttl_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        application_ttl_s: float,
+        boot_id: Callable[[], str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ttl = application_ttl_s
+        self._boot_id = boot_id
         self._clock = clock
         self._lock = threading.Lock()
         self._events: list[tuple[float, KernelEvent]] = []
-        self._remembered: list[Finding] = []
+        self._remembered: tuple[str, list[Finding]] = ("", [])
 
     def add_lines(self, lines: Iterable[str], reset: bool) -> list[KernelEvent]:
         """Take new log lines; returns the events found in them."""
@@ -38,7 +44,6 @@ class KernelState:
         with self._lock:
             if reset:
                 self._events.clear()
-                self._remembered.clear()
             self._events.extend((now, event) for event in events)
         return events
 
@@ -47,14 +52,17 @@ class KernelState:
         with self._lock:
             self._events = [(t, e) for t, e in self._events if not self._expired(t, e, now)]
             events = [e for _, e in self._events]
-            remembered = list(self._remembered)
+            boot, remembered = self._remembered
+        if boot != self._boot_id():
+            remembered = []  # a new boot healed what the old one remembered
         found = findings_for_events(events, SOURCE)
         seen = {(f.code, f.component) for f in found}
         return found + [f for f in remembered if (f.code, f.component) not in seen]
 
-    def remember(self, findings: Iterable[Finding]) -> None:
+    def remember(self, boot_id: str, findings: Iterable[Finding]) -> None:
+        """Findings stored before an agent restart; they count while the boot is the same."""
         with self._lock:
-            self._remembered = list(findings)
+            self._remembered = (boot_id, list(findings))
 
     def _expired(self, received: float, event: KernelEvent, now: float) -> bool:
         application = event.kind == "xid" and rule_for(event.code or -1).application
@@ -85,13 +93,11 @@ def encode_memory(boot_id: str, findings: list[Finding]) -> str:
     )
 
 
-def decode_memory(text: str, boot_id: str) -> list[Finding]:
-    """Findings stored for this boot; anything unreadable or from another boot is ignored."""
+def decode_memory(text: str) -> tuple[str, list[Finding]]:
+    """The boot id and findings stored on the Node; unreadable text gives none."""
     try:
         data = json.loads(text)
-        if data.get("bootId") != boot_id:
-            return []
-        return [
+        return str(data["bootId"]), [
             Finding(
                 layer=Layer(item["layer"]),
                 code=str(item["code"]),
@@ -107,4 +113,4 @@ def decode_memory(text: str, boot_id: str) -> list[Finding]:
             for item in data.get("findings", [])
         ]
     except (ValueError, KeyError, TypeError, AttributeError):
-        return []
+        return "", []

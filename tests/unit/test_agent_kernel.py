@@ -1,0 +1,121 @@
+"""The agent's kernel-log side: following a file, expiring job faults, remembering faults."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gpuguard.agent.follow import FileFollower
+from gpuguard.agent.kernel_state import (
+    REMEMBERED_SOURCE,
+    KernelState,
+    decode_memory,
+    encode_memory,
+    lasting,
+)
+
+XID79 = (
+    "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+)
+XID13 = "NVRM: Xid (PCI:0000:38:00): 13, pid=42, name=python, Graphics Exception"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def follow_in_background(path, calls):
+    stop = threading.Event()
+    follower = FileFollower(path, poll_s=0.01)
+    thread = threading.Thread(
+        target=follower.follow,
+        args=(lambda lines, reset: calls.append((lines, reset)), stop),
+        daemon=True,
+    )
+    thread.start()
+    return stop, thread
+
+
+def wait_until(predicate, timeout_s=3.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_file_follower_reads_the_log_then_each_complete_new_line(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("boot line\n")
+    calls: list = []
+    stop, thread = follow_in_background(log, calls)
+    try:
+        wait_until(lambda: calls)
+        assert calls[0] == (["boot line"], True)
+        with log.open("a") as handle:
+            handle.write("half a li")
+            handle.flush()
+            time.sleep(0.05)
+            handle.write("ne\n")
+        wait_until(lambda: any(lines == ["half a line"] for lines, _ in calls))
+        # A replaced file (new inode: a new boot, a rotation) is read again from the start.
+        fresh = tmp_path / "new.log"
+        fresh.write_text("after reboot\n")
+        fresh.replace(log)
+        wait_until(lambda: calls[-1] == (["after reboot"], True))
+    finally:
+        stop.set()
+        thread.join(2)
+
+
+def test_truncated_file_is_a_reset(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("one\ntwo\nthree\n")
+    calls: list = []
+    stop, thread = follow_in_background(log, calls)
+    try:
+        wait_until(lambda: calls)
+        with log.open("w") as handle:
+            handle.write("x\n")
+        wait_until(lambda: calls[-1] == (["x"], True))
+    finally:
+        stop.set()
+        thread.join(2)
+
+
+def test_application_faults_expire_hardware_faults_do_not():
+    clock = FakeClock()
+    state = KernelState(600, lambda: "boot-1", clock)
+    state.add_lines([XID13, XID79], reset=True)
+    assert sorted(f.code for f in state.findings()) == ["XID_13", "XID_79"]
+    clock.now += 601
+    assert [f.code for f in state.findings()] == ["XID_79"]
+    state.add_lines([], reset=True)  # a new log: the old boot's faults are gone
+    assert state.findings() == []
+
+
+def test_remembered_findings_count_only_for_their_boot():
+    boot = ["boot-1"]
+    state = KernelState(600, lambda: boot[0])
+    state.add_lines([XID79], reset=True)
+    stored = encode_memory("boot-1", lasting(state.findings()))
+
+    restarted = KernelState(600, lambda: boot[0])
+    restarted.add_lines(["nothing to see"], reset=True)  # the line left the ring buffer
+    restarted.remember(*decode_memory(stored))
+    (finding,) = restarted.findings()
+    assert (finding.code, finding.component.id) == ("XID_79", "0000:91:00.0")
+    assert finding.source == REMEMBERED_SOURCE
+    assert lasting([finding]) == [finding]  # kept across the next restart too
+    boot[0] = "boot-2"
+    assert restarted.findings() == []
+
+
+def test_unreadable_memory_is_ignored():
+    assert decode_memory("not json") == ("", [])
+    assert decode_memory('{"bootId": "b", "findings": [{"code": 1}]}') == ("", [])
