@@ -7,7 +7,10 @@ the test appends lines to, as the driver would.
 from __future__ import annotations
 
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -306,3 +309,36 @@ def test_metrics_and_probes(control_plane, node, tmp_path):
     finally:
         running.halt()
         server.shutdown()
+
+
+def test_agent_process_publishes_and_exits_cleanly_on_sigterm(control_plane, node, tmp_path):
+    sources, _ = bundle_from("healthy-h100", tmp_path)
+    config = tmp_path / "agent.yaml"
+    config.write_text("check_interval_s: 1\nmetrics_port: 0\nexpected_gpus: 1\n")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuguard.cli",
+            "agent",
+            "--node-name",
+            node,
+            "--config",
+            str(config),
+            "--kubeconfig",
+            str(control_plane.admin_kubeconfig),
+            "--bundle",
+            str(sources.root),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(condition_is(control_plane, node, GPU, "True"), timeout_s=30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "gpuguard agent stopped" in proc.stderr.read()

@@ -169,3 +169,20 @@ def test_bundle_collect_then_check_gives_the_live_verdict(tmp_path):
     assert "XID_119" in offline_codes and "IB_LINK_DOWN" in offline_codes
     assert offline_codes == live_codes
     assert live.returncode == offline.returncode == 2
+
+
+def test_agent_print_conditions_needs_no_kubernetes(capsys):
+    status = main(
+        ["agent", "--print-conditions", "--bundle", str(EXAMPLES / "xid79-fallen-off-bus")]
+    )
+    assert status == 2
+    printed = json.loads(capsys.readouterr().out)
+    gpu = next(c for c in printed["conditions"] if c["type"] == "GpuguardGPUHealthy")
+    assert gpu["status"] == "False"
+    assert "XID_79 gpu 0000:91:00.0" in gpu["message"]
+
+
+def test_agent_without_node_name_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main(["agent", "--bundle", str(EXAMPLES / "healthy-h100")]) == EXIT_USAGE
+    assert "--node-name" in capsys.readouterr().err

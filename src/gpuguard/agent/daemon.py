@@ -98,6 +98,7 @@ class Agent:
     def run(self, stop: threading.Event) -> None:
         """Observe and publish until ``stop`` is set. Never raises on API errors."""
         self.start_observers(stop)
+        threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
         backoff = BACKOFF_MIN_S
         while not stop.is_set():
             self.metrics.alive()
@@ -116,6 +117,10 @@ class Agent:
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
                 continue
             self._changed.wait(wait)
+
+    def _wake_on_stop(self, stop: threading.Event) -> None:
+        stop.wait()
+        self._changed.set()
 
     def wait_first_round(self, timeout_s: float) -> bool:
         deadline = self._clock() + timeout_s
