@@ -178,6 +178,7 @@ class ControlPlane:
                 f"--service-account-signing-key-file={certs.path('sa.key')}",
                 "--api-audiences=https://kubernetes.default.svc",
                 "--authorization-mode=RBAC",
+                "--allow-privileged=true",  # as kubeadm, EKS, GKE and AKS run it
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--disable-admission-plugins=ServiceAccount",
                 "--enable-priority-and-fairness=false",

@@ -1,0 +1,58 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "gpuguard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuguard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuguard.serviceAccountName" -}}
+{{- default (include "gpuguard.fullname" .) .Values.serviceAccount.name }}
+{{- end }}
+
+{{/* The user name the API server gives the agent's ServiceAccount tokens. */}}
+{{- define "gpuguard.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpuguard.serviceAccountName" .) }}
+{{- end }}
+
+{{- define "gpuguard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuguard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpuguard.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "gpuguard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: agent
+{{- end }}
+
+{{/* The agent's metrics port: probes, the container port and the Service all use it. */}}
+{{- define "gpuguard.metricsPort" -}}
+{{- $port := int .Values.config.metrics_port }}
+{{- if not $port }}
+{{- fail "config.metrics_port must not be 0: the liveness and readiness probes and the metrics Service use it" }}
+{{- end }}
+{{- $port }}
+{{- end }}
+
+{{/*
+The Node condition types the agent owns: every type of every condition profile
+(OWNED_TYPES in src/gpuguard/agent/conditions.py; the chart test checks they agree).
+Rendered as a CEL list literal.
+*/}}
+{{- define "gpuguard.ownedConditionTypes" -}}
+['GpuguardGPUHealthy', 'GpuguardNetworkHealthy', 'GpuguardKernelHealthy', 'AcceleratedHardwareReady', 'NetworkingReady', 'KernelReady']
+{{- end }}
