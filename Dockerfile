@@ -1,8 +1,8 @@
 # The agent image the Helm chart runs (values: image.repository / image.tag).
 # Built with `docker build -t gpuguard:0.1.0 .`; NVML comes from the host driver through
-# the NVIDIA container runtime, so the image carries no CUDA or driver libraries.
+# the NVIDIA container runtime, so the image carries no CUDA or driver libraries. It runs
+# as root: reading /dev/kmsg needs a privileged container (see the chart README).
 FROM python:3.11-slim
-RUN useradd --system --no-create-home gpuguard
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
