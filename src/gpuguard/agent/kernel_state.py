@@ -1,10 +1,10 @@
 """What the followed kernel log currently says, as findings.
 
-Hardware findings hold until the log starts over (a new boot): an Xid 79 does not heal by
-being old. Application faults (a crashing job's Xid 13) fall out after a time to live: the
-job died with them. Findings remembered from before an agent restart (stored on the Node,
-same boot) count too, so a restart never turns a known-bad node healthy just because
-the ring buffer no longer holds the line.
+Hardware findings hold until the node boots again: an Xid 79 does not heal by being old,
+nor by the log file being rotated. Application faults (a crashing job's Xid 13) fall out
+after a time to live: the job died with them. Findings remembered from before an agent
+restart (stored on the Node, same boot) count too, so a restart never turns a known-bad
+node healthy just because the ring buffer no longer holds the line.
 """
 
 from __future__ import annotations
@@ -36,14 +36,21 @@ class KernelState:
         self._lock = threading.Lock()
         self._events: list[tuple[float, KernelEvent]] = []
         self._remembered: tuple[str, list[Finding]] = ("", [])
+        self._events_boot = boot_id()
 
     def add_lines(self, lines: Iterable[str], reset: bool) -> list[KernelEvent]:
-        """Take new log lines; returns the events found in them."""
+        """Take new log lines; returns the events found in them.
+
+        ``reset`` says the log started over. Only a new boot clears what was seen: a
+        rotated log file does not heal a GPU that fell off the bus.
+        """
         now = self._clock()
         events = [e for line in lines if (e := parse_line(line)) is not None]
+        boot = self._boot_id() if reset else self._events_boot
         with self._lock:
-            if reset:
+            if boot != self._events_boot:
                 self._events.clear()
+                self._events_boot = boot
             self._events.extend((now, event) for event in events)
         return events
 

@@ -28,6 +28,9 @@ def run_agent(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
+    # The HTTP client logs every request at INFO: a line per condition write, noise here.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     config = load_config(args.config)
     sources: Sources
     if args.bundle is not None:
