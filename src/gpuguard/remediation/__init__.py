@@ -1,0 +1,1 @@
+"""The pure remediation policy: observed state and time in, decisions out."""

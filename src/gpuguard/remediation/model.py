@@ -1,0 +1,153 @@
+"""The remediation vocabulary: what the policy sees, what it remembers, what it decides.
+
+Pure data, no Kubernetes and no clock: times are seconds since the epoch (floats) passed in
+by the caller, so the controller (real time) and the simulator (simulated time) run the
+same decisions. See docs/remediation.md for the episode life cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpuguard.model import Action
+
+# Kubernetes names shared by the agent, the controller and the chart.
+TAINT_KEY = "gpuguard.io/unhealthy"
+EXCLUDE_LABEL = "gpuguard.io/exclude"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+REPORT_ANNOTATION = "gpuguard.io/report"
+CORDONED_BY_US_ANNOTATION = "gpuguard.io/cordoned"
+GPU_IDS_ANNOTATION = "gpuguard.io/gpu-ids"  # on a Pod: the GPUs it was given, when known
+
+
+class Phase(StrEnum):
+    """Where one node's episode stands."""
+
+    QUARANTINED = "Quarantined"  # tainted NoSchedule; waiting out the finding's tolerance
+    DRAINING = "Draining"  # evicting the pods the chosen rung must move
+    ACTING = "Acting"  # the rung's action was requested (agent, provider) and is running
+    VERIFYING = "Verifying"  # action done; waiting for a fresh healthy report
+    CLOSED = "Closed"  # healthy again (or replaced); taint and our cordon removed
+
+
+ACTIVE_PHASES = (Phase.DRAINING, Phase.ACTING, Phase.VERIFYING)  # count against the budget
+
+
+class Resolution(StrEnum):
+    TRANSIENT = "Transient"  # cleared within its tolerance: only tainted and untainted
+    REPAIRED = "Repaired"  # healthy after an action
+    REPLACED = "Replaced"  # the machine was handed back (NodeClaim or Node deleted)
+    GONE = "Gone"  # the Node disappeared on its own
+    GAVE_UP = "GaveUp"  # no rung left; stays tainted for a human
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One layer as the agent last reported it (condition plus the report annotation)."""
+
+    status: str  # "True", "False", "Unknown"
+    reason: str
+    since: float  # lastTransitionTime
+    action: Action = Action.NONE  # the highest rung the layer's findings recommend
+    codes: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()  # PCI bus ids of the GPUs the findings name
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    """The projection of one Node the policy needs (never the whole object)."""
+
+    name: str
+    pool: str  # value of the policy's pool label ("" when unlabelled)
+    layers: dict[str, LayerReport]
+    reported_at: float | None  # the agent's last report (heartbeat); None: never reported
+    excluded: bool = False  # gpuguard.io/exclude=true
+    do_not_disrupt: bool = False  # karpenter.sh/do-not-disrupt annotation
+    tainted: bool = False  # carries our taint
+    unschedulable: bool = False
+    cordoned_by_us: bool = False
+    pods_to_move: int = 0  # evictable pods the current drain still has to move
+    exists: bool = True
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What the agent or provider reported about a requested action."""
+
+    attempt: int
+    action: Action
+    succeeded: bool
+    at: float
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One line of an episode's history (kept in the NodeRemediation status)."""
+
+    at: float
+    phase: Phase
+    message: str
+
+
+@dataclass
+class Episode:
+    """One node's trip from detection back to service; lives in a NodeRemediation object."""
+
+    node: str
+    opened_at: float
+    phase: Phase = Phase.QUARANTINED
+    rung: Action | None = None
+    attempts: dict[Action, int] = field(default_factory=dict)
+    phase_since: float = 0.0
+    last_action_at: float | None = None
+    action_result: ActionResult | None = None
+    cordoned_by_us: bool = False
+    exhausted: bool = False  # no rung left: stays quarantined for a human
+    closed_at: float | None = None
+    resolution: Resolution | None = None
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def attempt(self) -> int:
+        return self.attempts.get(self.rung, 0) if self.rung is not None else 0
+
+
+class DecisionKind(StrEnum):
+    TAINT = "Taint"
+    UNTAINT = "Untaint"
+    CORDON = "Cordon"
+    UNCORDON = "Uncordon"
+    EVICT_PODS = "EvictPods"  # drain: all evictable pods, or only those on ``gpus``
+    KILL_PODS = "KillPods"  # KILL_JOB: delete the pods on ``gpus`` (DisruptionTarget first)
+    REQUEST_ACTION = "RequestAction"  # ask the node's agent: RESET_GPU (``gpus``) or REBOOT
+    REPLACE = "Replace"  # delete the NodeClaim (or the provider's equivalent)
+    RECORD = "Record"  # persist the episode (every phase change) and emit an Event
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: DecisionKind
+    node: str
+    reason: str
+    action: Action | None = None
+    gpus: tuple[str, ...] = ()
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    open: bool = False
+    opened_at: float | None = None
+    reason: str = ""
+
+
+@dataclass
+class Plan:
+    """What one call of the policy decided."""
+
+    decisions: list[Decision]
+    episodes: dict[str, Episode]
+    breaker: BreakerState
+    notes: list[str] = field(default_factory=list)  # budget/breaker explanations for events
