@@ -6,6 +6,7 @@ the test appends lines to, as the driver would.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import stat
@@ -27,6 +28,7 @@ from gpuguard.agent.metrics import AgentMetrics, serve
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.kube.client import NodeApi, load_client
+from gpuguard.remediation.model import REPORT_ANNOTATION
 from gpuguard.sources import BundleSources, LiveSources, Sources
 from tests.conftest import DATA
 from tests.support.controlplane import ControlPlane, free_port
@@ -175,6 +177,30 @@ def test_xid79_appended_flips_gpu_condition_within_a_second_and_back(
     assert time.monotonic() - written < 1.5
     assert "gpu 0000:91:00.0" in broken["message"]
     assert broken["lastTransitionTime"] >= healthy["lastTransitionTime"]
+
+    # The report the controller acts on: the recommended rung and the GPUs it concerns.
+    report = wait_for(
+        lambda: (
+            json.loads(
+                control_plane.request("GET", f"/api/v1/nodes/{node}")["metadata"][
+                    "annotations"
+                ].get(REPORT_ANNOTATION, "{}")
+            )
+            .get("layers", {})
+            .get("gpu", {})
+            .get("action")
+            == "REBOOT"
+            and json.loads(
+                control_plane.request("GET", f"/api/v1/nodes/{node}")["metadata"]["annotations"][
+                    REPORT_ANNOTATION
+                ]
+            )
+        ),
+        what="the report annotation",
+    )
+    assert report["layers"]["gpu"]["codes"] == ["XID_79"]
+    assert report["layers"]["gpu"]["gpus"] == ["0000:91:00.0"]
+    assert report["layers"]["network"]["status"] == "Healthy"
 
     # Heartbeats refresh lastHeartbeatTime, never lastTransitionTime, while nothing changes.
     later = wait_for(

@@ -524,7 +524,7 @@ def test_agent_cannot_write_another_node(control_plane, agent, nodes):
 # Which of the policy's validations refused the change, by the field it touched.
 RULE_MESSAGES = {
     "labels": "may not change a Node's labels",
-    "annotations": "may change only the gpuguard.io/kernel-findings annotation",
+    "annotations": "may change only the gpuguard.io/kernel-findings and",
     "finalizers": "may not change a Node's finalizers",
     "spec": "may not change a Node's spec",
     "conditions": "may write only its own Node conditions",

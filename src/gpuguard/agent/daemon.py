@@ -10,6 +10,7 @@ because it has not looked yet.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import threading
 import time
@@ -30,7 +31,8 @@ from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.base import Check, CheckContext
 from gpuguard.config import Config
 from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
-from gpuguard.model import CheckResult, Layer, NodeReport, Outcome
+from gpuguard.model import CheckResult, Layer, NodeReport, Outcome, Severity
+from gpuguard.remediation.model import REPORT_ANNOTATION
 from gpuguard.runner import RepeatingCheck, assess, inconclusive_result
 from gpuguard.sources import Sources
 
@@ -53,6 +55,7 @@ class _Published:
     conditions: dict[str, dict[str, object]] | None = None
     last_heartbeat: float = float("-inf")
     memory: str | None = None
+    report: str | None = None  # the report annotation's content, without its timestamp
 
 
 class Agent:
@@ -83,6 +86,7 @@ class Agent:
         self._kernel = KernelState(config.application_fault_ttl_s, sources.boot_id, clock)
         self._kernel_status: CheckResult | None = None
         self._published = _Published()
+        self._report_requested = threading.Event()
 
     # --- running ------------------------------------------------------------------
     def start_observers(self, stop: threading.Event) -> None:
@@ -215,6 +219,7 @@ class Agent:
             }
             memory = published.node.annotations.get(MEMORY_ANNOTATION, "")
             published.memory = memory
+            published.report = None  # always write a fresh report after (re)starting
             self._kernel.remember(*decode_memory(memory))
         report = self.report()
         if report is None:
@@ -240,9 +245,15 @@ class Agent:
             self.metrics.last_publish.set(time.time())
             for want, old in write.transitions:
                 self._announce(report, want, old)
-        self._save_memory(report)
+        self._save_annotations(report, refresh=heartbeat_due or self._report_requested.is_set())
+        self._report_requested.clear()
         self.metrics.ready.set()
         return True
+
+    def request_fresh_report(self) -> None:
+        """Make the next publish write a new report timestamp (after a repair, say)."""
+        self._report_requested.set()
+        self._changed.set()
 
     def _announce(self, report: NodeReport, want: Desired, old: str | None) -> None:
         assert self.api is not None and self._published.node is not None
@@ -270,17 +281,42 @@ class Agent:
     def desired_type(self, layer: Layer) -> str:
         return PROFILES[self.config.condition_profile][layer]
 
-    def _save_memory(self, report: NodeReport) -> None:
+    def _save_annotations(self, report: NodeReport, *, refresh: bool) -> None:
+        """The remembered kernel findings and the report the controller acts on."""
         assert self.api is not None
+        published = self._published
+        changes: dict[str, str | None] = {}
         findings = lasting(f for h in report.layers.values() for f in h.findings)
         memory = encode_memory(self.sources.boot_id(), findings) if findings else ""
-        if memory != (self._published.memory or ""):
-            self.api.patch_annotations(self.node_name, {MEMORY_ANNOTATION: memory or None})
-            self._published.memory = memory
+        if memory != (published.memory or ""):
+            changes[MEMORY_ANNOTATION] = memory or None
+        content = report_layers(report)
+        if refresh or content != published.report:
+            changes[REPORT_ANNOTATION] = json.dumps(
+                {"reportedAt": _utc_now(), "layers": json.loads(content)}, sort_keys=True
+            )
+        if changes:
+            self.api.patch_annotations(self.node_name, changes)
+            published.memory = memory
+            published.report = content
 
     def _heartbeat_wait(self) -> float:
         since = self._clock() - self._published.last_heartbeat
         return max(0.05, self.config.heartbeat_interval_s - since)
+
+
+def report_layers(report: NodeReport) -> str:
+    """Each layer's status, recommended action, codes and GPUs, as canonical JSON."""
+    layers = {}
+    for layer, health in report.layers.items():
+        problems = [f for f in health.findings if f.severity > Severity.INFO]
+        layers[str(layer)] = {
+            "status": str(health.status),
+            "action": str(health.action),
+            "codes": sorted({f.code for f in problems}),
+            "gpus": sorted({f.component.id for f in problems if f.component.kind == "gpu"}),
+        }
+    return json.dumps(layers, sort_keys=True)
 
 
 def _utc_now() -> str:
