@@ -1,0 +1,1 @@
+"""gpuguard controller: feeds the fleet to the remediation policy and applies its decisions."""

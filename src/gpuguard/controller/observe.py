@@ -1,0 +1,89 @@
+"""From a raw Node object (JSON) to the small projection the policy decides on.
+
+Pure: the controller lists Nodes as plain JSON and keeps only this projection, never the
+object (a 5,000-node list with image lists is tens of megabytes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gpuguard.agent.conditions import PROFILES
+from gpuguard.model import Action
+from gpuguard.remediation.model import (
+    CORDONED_BY_US_ANNOTATION,
+    DO_NOT_DISRUPT,
+    EXCLUDE_LABEL,
+    REPORT_ANNOTATION,
+    TAINT_KEY,
+    LayerReport,
+    NodeObservation,
+)
+
+# Condition type -> layer name, for every profile the agent may be running with.
+LAYER_OF_TYPE = {kind: str(layer) for names in PROFILES.values() for layer, kind in names.items()}
+
+
+def project_node(node: Mapping[str, Any], pool_label: str) -> NodeObservation:
+    metadata = node.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    spec = node.get("spec", {})
+    report = _report(annotations.get(REPORT_ANNOTATION))
+    layers: dict[str, LayerReport] = {}
+    for condition in node.get("status", {}).get("conditions") or []:
+        layer = LAYER_OF_TYPE.get(condition.get("type", ""))
+        if layer is None:
+            continue
+        reported = report.get("layers", {}).get(layer, {})
+        layers[layer] = LayerReport(
+            status=str(condition.get("status", "Unknown")),
+            reason=str(condition.get("reason", "")),
+            since=parse_time(condition.get("lastTransitionTime")) or 0.0,
+            action=_action(reported.get("action")),
+            codes=tuple(reported.get("codes") or ()),
+            gpus=tuple(reported.get("gpus") or ()),
+        )
+    return NodeObservation(
+        name=str(metadata.get("name", "")),
+        pool=str(labels.get(pool_label, "")),
+        layers=layers,
+        reported_at=parse_time(report.get("reportedAt")),
+        excluded=labels.get(EXCLUDE_LABEL) == "true",
+        do_not_disrupt=annotations.get(DO_NOT_DISRUPT) == "true",
+        tainted=any(t.get("key") == TAINT_KEY for t in spec.get("taints") or []),
+        unschedulable=bool(spec.get("unschedulable")),
+        cordoned_by_us=CORDONED_BY_US_ANNOTATION in annotations,
+    )
+
+
+def parse_time(value: object) -> float | None:
+    """RFC 3339 (as Kubernetes writes it) to epoch seconds; None when absent or garbled."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def format_time(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _report(text: object) -> dict[str, Any]:
+    if not isinstance(text, str):
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _action(name: object) -> Action:
+    # An unreadable report recommends nothing: not knowing never triggers a repair.
+    return Action[name] if isinstance(name, str) and name in Action.__members__ else Action.NONE

@@ -1,0 +1,93 @@
+"""Raw Node JSON to the policy's projection."""
+
+from __future__ import annotations
+
+import json
+
+from gpuguard.controller.observe import format_time, parse_time, project_node
+from gpuguard.model import Action
+
+
+def node(**overrides):
+    base = {
+        "metadata": {
+            "name": "gpu-1",
+            "labels": {"karpenter.sh/nodepool": "h100"},
+            "annotations": {
+                "gpuguard.io/report": json.dumps(
+                    {
+                        "reportedAt": "2026-11-29T19:00:05Z",
+                        "layers": {
+                            "gpu": {
+                                "status": "Unhealthy",
+                                "action": "REBOOT",
+                                "codes": ["XID_79"],
+                                "gpus": ["0000:91:00.0"],
+                            }
+                        },
+                    }
+                )
+            },
+        },
+        "spec": {"taints": [{"key": "other", "effect": "NoSchedule"}]},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {
+                    "type": "GpuguardGPUHealthy",
+                    "status": "False",
+                    "reason": "Xid79",
+                    "lastTransitionTime": "2026-11-29T19:00:00Z",
+                },
+                {
+                    "type": "NetworkingReady",
+                    "status": "True",
+                    "reason": "Healthy",
+                    "lastTransitionTime": "2026-11-29T18:00:00Z",
+                },
+            ]
+        },
+    }
+    base.update(overrides)
+    return base
+
+
+def test_projection_reads_conditions_report_and_markers():
+    observed = project_node(node(), "karpenter.sh/nodepool")
+    assert observed.name == "gpu-1" and observed.pool == "h100"
+    gpu = observed.layers["gpu"]
+    assert (gpu.status, gpu.reason, gpu.action) == ("False", "Xid79", Action.REBOOT)
+    assert gpu.gpus == ("0000:91:00.0",) and gpu.codes == ("XID_79",)
+    assert gpu.since == parse_time("2026-11-29T19:00:00Z")
+    assert observed.layers["network"].status == "True"  # EKS names map to the same layers
+    assert "Ready" not in observed.layers
+    assert observed.reported_at == parse_time("2026-11-29T19:00:05Z")
+    assert not observed.tainted and not observed.excluded and not observed.cordoned_by_us
+
+
+def test_markers_and_our_taint():
+    raw = node()
+    raw["metadata"]["labels"]["gpuguard.io/exclude"] = "true"
+    raw["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] = "true"
+    raw["metadata"]["annotations"]["gpuguard.io/cordoned"] = "2026-11-29T19:01:00Z"
+    raw["spec"] = {
+        "unschedulable": True,
+        "taints": [{"key": "gpuguard.io/unhealthy", "effect": "NoSchedule"}],
+    }
+    observed = project_node(raw, "karpenter.sh/nodepool")
+    assert observed.excluded and observed.do_not_disrupt
+    assert observed.tainted and observed.unschedulable and observed.cordoned_by_us
+
+
+def test_a_garbled_report_recommends_nothing():
+    raw = node()
+    raw["metadata"]["annotations"]["gpuguard.io/report"] = "{not json"
+    observed = project_node(raw, "pool")
+    assert observed.layers["gpu"].action is Action.NONE
+    assert observed.reported_at is None
+    assert observed.pool == ""
+
+
+def test_times_round_trip():
+    assert format_time(parse_time("2026-11-29T19:00:00Z")) == "2026-11-29T19:00:00Z"
+    assert parse_time("yesterday") is None and parse_time(None) is None
