@@ -18,6 +18,7 @@ from gpuguard.bundle import collect
 from gpuguard.checks.registry import FALLBACKS, default_checks
 from gpuguard.checks.xid_catalog import OVERRIDES, rule_for
 from gpuguard.config import Config, load_config
+from gpuguard.controller.options import add_arguments as add_controller_arguments
 from gpuguard.errors import ConfigError
 from gpuguard.model import Status
 from gpuguard.render import to_json, to_table
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="no Kubernetes: run every check once, print the conditions as JSON, exit",
     )
 
+    controller = commands.add_parser(
+        "controller", help="remediate the fleet's sick nodes (leader-elected Deployment)"
+    )
+    add_controller_arguments(controller)
+
     bundle = commands.add_parser("bundle", help="capture diagnostics for offline triage")
     bundle_commands = bundle.add_subparsers(
         dest="bundle_command", required=True, parser_class=_Parser
@@ -104,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command == "bundle":
             return _bundle_collect(args)
+        if args.command == "controller":
+            from gpuguard.controller.main import run_controller
+
+            return run_controller(args)
         if args.command == "agent":
             # Imported here: the agent's dependencies cost start-up time `check` skips.
             from gpuguard.agent.main import run_agent

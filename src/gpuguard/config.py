@@ -85,6 +85,9 @@ class Config(BaseModel):
         default=600.0, description="How long an application-class Xid stays in the verdict"
     )
     metrics_port: int = Field(default=9465, ge=0, le=65535, description="0 disables /metrics")
+    reboot_command: list[str] | None = Field(
+        default=None, description="How the agent reboots its node when the controller asks"
+    )
 
     @property
     def expectations(self) -> Expectations:

@@ -31,7 +31,7 @@ from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.base import Check, CheckContext
 from gpuguard.config import Config
 from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
-from gpuguard.model import CheckResult, Layer, NodeReport, Outcome, Severity
+from gpuguard.model import Action, CheckResult, Layer, NodeReport, Outcome, Severity
 from gpuguard.remediation.model import REPORT_ANNOTATION
 from gpuguard.runner import RepeatingCheck, assess, inconclusive_result
 from gpuguard.sources import Sources
@@ -87,6 +87,7 @@ class Agent:
         self._kernel_status: CheckResult | None = None
         self._published = _Published()
         self._report_requested = threading.Event()
+        self._kicks: list[threading.Event] = []
 
     # --- running ------------------------------------------------------------------
     def start_observers(self, stop: threading.Event) -> None:
@@ -94,8 +95,13 @@ class Agent:
         for check in self._checks:
             ctx = CheckContext(self.sources, self.config, self.config.timeout_for(check.name))
             runner = RepeatingCheck(check, ctx)
+            kick = threading.Event()
+            self._kicks.append(kick)
             threading.Thread(
-                target=self._check_loop, args=(runner, stop), name=f"loop-{check.name}", daemon=True
+                target=self._check_loop,
+                args=(runner, stop, kick),
+                name=f"loop-{check.name}",
+                daemon=True,
             ).start()
         threading.Thread(target=self._follow, args=(stop,), name="kernel-log", daemon=True).start()
 
@@ -125,6 +131,8 @@ class Agent:
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
         self._changed.set()
+        for kick in self._kicks:
+            kick.set()
 
     def wait_first_round(self, timeout_s: float) -> bool:
         deadline = self._clock() + timeout_s
@@ -156,7 +164,9 @@ class Agent:
     def desired(self, report: NodeReport) -> list[Desired]:
         return desired_conditions(report.layers, self.config.condition_profile)
 
-    def _check_loop(self, runner: RepeatingCheck, stop: threading.Event) -> None:
+    def _check_loop(
+        self, runner: RepeatingCheck, stop: threading.Event, kick: threading.Event
+    ) -> None:
         name = runner.check.name
         while not stop.is_set():
             if self._skip_as_fallback(name):
@@ -171,7 +181,8 @@ class Agent:
                     self._results[name] = result
                 self._first_round.discard(name)
             self._changed.set()
-            stop.wait(self.config.interval_for(name))
+            kick.wait(self.config.interval_for(name))
+            kick.clear()
 
     def _skip_as_fallback(self, name: str) -> bool:
         # nvidia-smi stands in for NVML; it runs only while NVML gives no verdict.
@@ -249,6 +260,16 @@ class Agent:
         self._report_requested.clear()
         self.metrics.ready.set()
         return True
+
+    def after_repair(self, action: Action, gpus: tuple[str, ...], at: float) -> None:
+        """A repair on this node finished: forget what it fixed and look again at once."""
+        if action is Action.RESET_GPU:
+            self._kernel.forget_gpus(gpus)
+        with self._lock:
+            self._first_round = {c.name for c in self._checks}  # report only fresh results
+        for kick in self._kicks:
+            kick.set()
+        self.request_fresh_report()
 
     def request_fresh_report(self) -> None:
         """Make the next publish write a new report timestamp (after a repair, say)."""

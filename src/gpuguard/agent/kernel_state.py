@@ -18,6 +18,7 @@ from gpuguard.checks.kernel_incidents import findings_for_events
 from gpuguard.checks.kernel_log import KernelEvent, parse_line
 from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.model import Action, Component, Finding, Layer, Severity
+from gpuguard.model import normalize_pci_bus_id as gpu_id
 
 SOURCE = "kernel-log"
 REMEMBERED_SOURCE = "kernel-log (remembered across agent restart)"
@@ -65,6 +66,17 @@ class KernelState:
         found = findings_for_events(events, SOURCE)
         seen = {(f.code, f.component) for f in found}
         return found + [f for f in remembered if (f.code, f.component) not in seen]
+
+    def forget_gpus(self, gpus: Iterable[str]) -> None:
+        """A reset handled these GPUs' faults: drop their events (and remembered findings)."""
+        names = {gpu_id(g) for g in gpus}
+        with self._lock:
+            self._events = [(t, e) for t, e in self._events if gpu_id(e.device) not in names]
+            boot, remembered = self._remembered
+            kept = [
+                f for f in remembered if not (f.component.kind == "gpu" and f.component.id in names)
+            ]
+            self._remembered = (boot, kept)
 
     def remember(self, boot_id: str, findings: Iterable[Finding]) -> None:
         """Findings stored before an agent restart; they count while the boot is the same."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -50,7 +51,9 @@ def run_agent(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise ConfigError("--node-name (or NODE_NAME) is required to publish conditions")
     # Imported here: the Kubernetes client costs start-up time the other commands skip.
+    from gpuguard.agent.repair import BundleRepair, NvidiaSmiRepair, RepairBackend, RepairExecutor
     from gpuguard.kube.client import NodeApi, load_client
+    from gpuguard.kube.rest import load_api
 
     api = NodeApi(load_client(args.kubeconfig))
     metrics = AgentMetrics()
@@ -59,6 +62,16 @@ def run_agent(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     agent = Agent(config, sources, default_checks(), follower, args.node_name, api, metrics)
+    backend: RepairBackend
+    if isinstance(sources, BundleSources):
+        backend = BundleRepair(sources.root / "repairs.log")
+    else:
+        smi = config.tools.get("nvidia-smi") or shutil.which("nvidia-smi") or "nvidia-smi"
+        backend = NvidiaSmiRepair(smi, config.reboot_command)
+    executor = RepairExecutor(
+        load_api(args.kubeconfig), args.node_name, backend, agent.after_repair
+    )
+    threading.Thread(target=executor.run, args=(stop,), name="repairs", daemon=True).start()
     log.info(
         "gpuguard agent publishing %s conditions for node %s; kernel log: %s",
         config.condition_profile,

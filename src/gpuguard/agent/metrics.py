@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -86,7 +87,16 @@ class AgentMetrics:
         return time.monotonic() - self._alive_at < LIVENESS_S
 
 
-def serve(metrics: AgentMetrics, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+class Served(Protocol):
+    """What the endpoint needs: a registry, a readiness flag and a liveness answer."""
+
+    registry: CollectorRegistry
+    ready: threading.Event
+
+    def is_alive(self) -> bool: ...
+
+
+def serve(metrics: Served, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
     """Serve /metrics, /healthz and /readyz on a daemon thread; returns the server."""
 
     class Handler(BaseHTTPRequestHandler):

@@ -108,6 +108,10 @@ class Episode:
     closed_at: float | None = None
     resolution: Resolution | None = None
     steps: list[Step] = field(default_factory=list)
+    # The GPUs the current rung works on, fixed when the rung starts so that every
+    # re-sent eviction and request of one attempt names the same GPUs even when the report
+    # changes meanwhile (a resetting GPU reads Unknown). () means the whole node.
+    gpus: tuple[str, ...] = ()
 
     @property
     def attempt(self) -> int:
@@ -141,6 +145,9 @@ class BreakerState:
     open: bool = False
     opened_at: float | None = None
     reason: str = ""
+    # When an operator last reset it: episodes opened up to then no longer count, so a
+    # reset is not undone by the very storm it acknowledged.
+    reset_at: float | None = None
 
 
 @dataclass

@@ -1,0 +1,146 @@
+"""The agent's side of remediation: carry out the controller's orders for this node.
+
+The controller writes a request (``RESET_GPU`` with the GPUs, or ``REBOOT``) into the
+episode's NodeRemediation; the agent on that node performs it once per attempt and writes
+the result back into the same object. After a GPU reset the kernel-log faults of those GPUs
+are considered handled and every check runs again at once, so the controller's verify step
+sees a fresh report within seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from gpuguard.kube.errors import KubeError
+from gpuguard.kube.remediations import ActionRequest, pending_request_for, report_result
+from gpuguard.kube.rest import KubeApi
+from gpuguard.model import Action
+from gpuguard.remediation.model import ActionResult
+
+log = logging.getLogger("gpuguard.agent")
+POLL_S = 2.0
+RESET_TIMEOUT_S = 120.0
+
+
+class RepairBackend(Protocol):
+    """Performs repairs on this node; returns (succeeded, message)."""
+
+    def reset_gpus(self, gpus: tuple[str, ...]) -> tuple[bool, str]: ...
+
+    def reboot(self) -> tuple[bool, str]: ...
+
+
+class NvidiaSmiRepair:
+    """``nvidia-smi -r -i <bus id>`` per GPU; reboot through a configured command."""
+
+    def __init__(self, nvidia_smi: str, reboot_command: list[str] | None) -> None:
+        self.nvidia_smi = nvidia_smi
+        self.reboot_command = reboot_command
+
+    def reset_gpus(self, gpus: tuple[str, ...]) -> tuple[bool, str]:
+        if not gpus:
+            return False, "no GPU named: refusing to reset every GPU of the node"
+        for gpu in gpus:
+            ok, message = _run([self.nvidia_smi, "-r", "-i", gpu], RESET_TIMEOUT_S)
+            if not ok:
+                return False, f"reset of {gpu} failed: {message}"
+        return True, f"reset {', '.join(gpus)}"
+
+    def reboot(self) -> tuple[bool, str]:
+        if not self.reboot_command:
+            return False, "no reboot_command configured on this node"
+        return _run(self.reboot_command, 60.0)
+
+
+class BundleRepair:
+    """For a bundle (offline or test) node: writes each repair to ``repairs.log`` there."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+
+    def reset_gpus(self, gpus: tuple[str, ...]) -> tuple[bool, str]:
+        return self._log(f"reset {' '.join(gpus)}")
+
+    def reboot(self) -> tuple[bool, str]:
+        return self._log("reboot")
+
+    def _log(self, line: str) -> tuple[bool, str]:
+        with self.log_path.open("a") as handle:
+            handle.write(line + "\n")
+        return True, f"{line} (recorded in {self.log_path})"
+
+
+def _run(argv: list[str], timeout_s: float) -> tuple[bool, str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    output = (proc.stdout + proc.stderr).strip()[-300:]
+    return proc.returncode == 0, output or f"exit {proc.returncode}"
+
+
+class RepairExecutor:
+    def __init__(
+        self,
+        api: KubeApi,
+        node_name: str,
+        backend: RepairBackend,
+        after_repair: Callable[[Action, tuple[str, ...], float], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.backend = backend
+        self.after_repair = after_repair
+        self.clock = clock
+        self._done: set[tuple[str, str, int]] = set()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.poll_once()
+            except KubeError as exc:
+                log.warning("reading repair requests failed: %s", exc)
+            stop.wait(POLL_S)
+
+    def poll_once(self) -> ActionResult | None:
+        """Perform the pending request, if any; each (object, action, attempt) only once."""
+        pending = pending_request_for(self.api, self.node_name)
+        if pending is None:
+            return None
+        name, request = pending
+        key = (name, request.action.name, request.attempt)
+        if key in self._done:
+            return None  # performed; the result write is being retried
+        log.info(
+            "performing %s (attempt %d) on %s %s",
+            request.action.name,
+            request.attempt,
+            self.node_name,
+            ", ".join(request.gpus),
+        )
+        self._done.add(key)
+        if request.action is Action.REBOOT:
+            # Answer first: once the reboot starts, this process may not get to write.
+            report_result(self.api, name, self._result(request, True, "reboot started"))
+            ok, message = self.backend.reboot()
+            if ok:
+                return None
+            result = self._result(request, False, message)
+        elif request.action is Action.RESET_GPU:
+            result = self._result(request, *self.backend.reset_gpus(request.gpus))
+        else:
+            result = self._result(request, False, f"{request.action.name} is not an agent action")
+        report_result(self.api, name, result)
+        if result.succeeded:
+            self.after_repair(request.action, request.gpus, result.at)
+        return result
+
+    def _result(self, request: ActionRequest, ok: bool, message: str) -> ActionResult:
+        return ActionResult(request.attempt, request.action, ok, self.clock(), message)

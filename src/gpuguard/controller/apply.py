@@ -1,0 +1,116 @@
+"""Carrying out the policy's decisions, in order, through the Kubernetes API.
+
+Decisions for one node are applied in the order the policy gave them: the RECORD that
+writes a phase change comes before the action it leads to. If a write fails, the node's
+remaining decisions wait for the next reconcile, so nothing acts on an unrecorded phase.
+In dry-run the RECORDs and Events are written and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from gpuguard.controller.events import EventRecorder
+from gpuguard.controller.metrics import ControllerMetrics
+from gpuguard.controller.providers import Provider
+from gpuguard.kube import drain, fleet
+from gpuguard.kube.errors import KubeError
+from gpuguard.kube.remediations import save_episode, set_request
+from gpuguard.kube.rest import Json, KubeApi
+from gpuguard.remediation.model import Decision, DecisionKind, Episode, Plan
+
+log = logging.getLogger("gpuguard.controller")
+Kind = DecisionKind
+
+
+class Applier:
+    def __init__(
+        self,
+        api: KubeApi,
+        provider: Provider,
+        events: EventRecorder,
+        metrics: ControllerMetrics,
+        *,
+        dry_run: bool = False,
+        on_taint: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.provider = provider
+        self.events = events
+        self.metrics = metrics
+        self.dry_run = dry_run
+        self.on_taint = on_taint
+
+    def apply(self, plan: Plan, nodes: Mapping[str, Json], now: float) -> set[str]:
+        """Apply every decision; returns the nodes where a write failed."""
+        failed: set[str] = set()
+        for decision in plan.decisions:
+            if decision.node in failed:
+                continue
+            try:
+                self._apply(decision, plan.episodes.get(decision.node), nodes, now)
+                self.metrics.actions.labels(str(decision.kind), "ok").inc()
+            except KubeError as exc:
+                failed.add(decision.node)
+                self.metrics.actions.labels(str(decision.kind), "error").inc()
+                log.warning(
+                    "%s on %s failed, retrying next round: %s", decision.kind, decision.node, exc
+                )
+        return failed
+
+    def _apply(
+        self, decision: Decision, episode: Episode | None, nodes: Mapping[str, Json], now: float
+    ) -> None:
+        if decision.kind is Kind.RECORD:
+            if episode is not None:
+                save_episode(self.api, episode)
+                self.events.record(episode, decision, now)
+            return
+        if self.dry_run:
+            log.info("dry-run: would %s %s (%s)", decision.kind, decision.node, decision.reason)
+            return
+        node = nodes.get(decision.node)
+        match decision.kind:
+            case Kind.TAINT:
+                if node is not None:
+                    fleet.taint(self.api, node)
+                    if self.on_taint is not None:
+                        self.on_taint(decision.node, now)
+            case Kind.UNTAINT:
+                if node is not None:
+                    fleet.untaint(self.api, node)
+            case Kind.CORDON:
+                if node is not None:
+                    fleet.cordon(self.api, node)
+            case Kind.UNCORDON:
+                if node is not None:
+                    fleet.uncordon(self.api, node)
+            case Kind.EVICT_PODS:
+                pods = drain.evictable_pods(
+                    drain.pods_on_node(self.api, decision.node), decision.gpus
+                )
+                counts = drain.evict_pods(self.api, pods)
+                self._count_evictions(counts)
+            case Kind.KILL_PODS:
+                on_node = drain.pods_on_node(self.api, decision.node)
+                pods = [
+                    p
+                    for p in drain.evictable_pods(on_node, decision.gpus)
+                    if drain.requests_gpus(p)
+                ]
+                drain.kill_pods(self.api, pods, decision.reason, now=now)
+            case Kind.REQUEST_ACTION:
+                if episode is not None and decision.action is not None:
+                    set_request(
+                        self.api, episode, decision.action, decision.attempt, decision.gpus, now
+                    )
+            case Kind.REPLACE:
+                self.provider.replace(decision.node)
+
+    def _count_evictions(self, counts: drain.DrainCounts) -> None:
+        self.metrics.evictions.labels("evicted").inc(counts.evicted)
+        self.metrics.evictions.labels("blocked").inc(counts.blocked)
+        self.metrics.evictions.labels("failed").inc(counts.failed)
+        for problem in counts.problems:
+            log.info("eviction: %s", problem)

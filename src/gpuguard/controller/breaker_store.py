@@ -1,0 +1,81 @@
+"""The fleet circuit breaker's state, kept in a ConfigMap so it survives a new leader.
+
+An operator closes an open breaker by annotating the ConfigMap:
+``kubectl -n gpuguard annotate configmap gpuguard-controller-state gpuguard.io/reset-breaker=now``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gpuguard.kube.rest import Json, KubeApi, KubeNotFound, Resource
+from gpuguard.remediation.model import BreakerState
+
+CONFIGMAPS = Resource("/api/v1", "configmaps", namespaced=True)
+NAME = "gpuguard-controller-state"
+RESET_ANNOTATION = "gpuguard.io/reset-breaker"
+
+
+class BreakerStore:
+    def __init__(self, api: KubeApi, namespace: str) -> None:
+        self.api = api
+        self.path = CONFIGMAPS.path(NAME, namespace=namespace)
+        self.collection = CONFIGMAPS.path(namespace=namespace)
+        self.state = BreakerState()
+        self._saved: BreakerState | None = None
+        self._reset_pending = False
+
+    def load(self) -> None:
+        try:
+            data = (self.api.get(self.path).get("data") or {}).get("breaker")
+        except KubeNotFound:
+            data = None
+        self.state = _decode(data) if data else BreakerState()
+        self._saved = self.state
+
+    def reset_requested(self) -> bool:
+        """True once per operator reset (the annotation is removed when the reset is saved)."""
+        try:
+            annotations = self.api.get(self.path)["metadata"].get("annotations") or {}
+        except KubeNotFound:
+            return False
+        self._reset_pending = RESET_ANNOTATION in annotations
+        return self._reset_pending
+
+    def save(self, state: BreakerState) -> None:
+        self.state = state
+        if state == self._saved and not self._reset_pending:
+            return
+        body: Json = {"data": {"breaker": json.dumps(_encode(state), sort_keys=True)}}
+        if self._reset_pending:
+            body["metadata"] = {"annotations": {RESET_ANNOTATION: None}}
+        try:
+            self.api.patch(self.path, body)
+        except KubeNotFound:
+            self.api.create(
+                self.collection,
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": NAME}, **body},
+            )
+        self._saved, self._reset_pending = state, False
+
+
+def _encode(state: BreakerState) -> Json:
+    return {
+        "open": state.open,
+        "openedAt": state.opened_at,
+        "reason": state.reason,
+        "resetAt": state.reset_at,
+    }
+
+
+def _decode(text: str) -> BreakerState:
+    try:
+        data = json.loads(text)
+        return BreakerState(
+            open=bool(data.get("open")),
+            opened_at=data.get("openedAt"),
+            reason=str(data.get("reason", "")),
+            reset_at=data.get("resetAt"),
+        )
+    except (ValueError, AttributeError):
+        return BreakerState()

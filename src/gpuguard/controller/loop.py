@@ -1,0 +1,225 @@
+"""``gpuguard controller``: watch the fleet, run the policy, apply its plan; leader only.
+
+The Node watch keeps a slim projection of every Node; a reconcile runs on every change
+(and at least every ``resync_s``) while this replica holds the Lease. Episodes are read
+from their NodeRemediation objects when leadership starts (so a new leader continues where
+the last one stopped) and kept in memory after that; any failed write drops that memory so
+the next reconcile reads the cluster again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from gpuguard.controller.apply import Applier
+from gpuguard.controller.breaker_store import BreakerStore
+from gpuguard.controller.events import EventRecorder
+from gpuguard.controller.metrics import ControllerMetrics
+from gpuguard.controller.observe import project_node
+from gpuguard.controller.providers import Provider
+from gpuguard.kube import drain
+from gpuguard.kube.errors import KubeError
+from gpuguard.kube.fleet import slim_node
+from gpuguard.kube.lease import LeaderElector, start_leader_election
+from gpuguard.kube.remediations import list_episodes, read_result
+from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
+from gpuguard.kube.watch import Snapshot, list_then_watch
+from gpuguard.remediation.decide import decide
+from gpuguard.remediation.model import (
+    DecisionKind,
+    Episode,
+    NodeObservation,
+    Phase,
+    Plan,
+)
+from gpuguard.remediation.policy import Policy
+
+log = logging.getLogger("gpuguard.controller")
+LEASE_NAME = "gpuguard-controller"
+RETRY_S = 2.0
+
+
+class Controller:
+    def __init__(
+        self,
+        api: KubeApi,
+        policy: Policy,
+        provider: Provider,
+        *,
+        namespace: str,
+        identity: str,
+        dry_run: bool = False,
+        metrics: ControllerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        resync_s: float = 1.0,
+        lease_s: float = 15.0,
+        renew_s: float = 5.0,
+    ) -> None:
+        self.api = api
+        self.policy = policy
+        self.identity = identity
+        self.metrics = metrics or ControllerMetrics()
+        self.clock = clock
+        self.resync_s = resync_s
+        self.elector = LeaderElector(
+            api, namespace, LEASE_NAME, identity, lease_s=lease_s, renew_s=renew_s
+        )
+        self.breakers = BreakerStore(api, namespace)
+        self.applier = Applier(
+            api, provider, EventRecorder(api, identity), self.metrics, dry_run=dry_run
+        )
+        self._nodes: dict[str, Json] = {}
+        self._projections: dict[str, tuple[str, NodeObservation]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._synced = threading.Event()
+        self.leading = threading.Event()
+        self._episodes: dict[str, Episode] | None = None
+        self._history: list[Episode] = []
+
+    # --- running ------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        threading.Thread(
+            target=self._watch_nodes, args=(stop,), name="watch-nodes", daemon=True
+        ).start()
+        start_leader_election(
+            self.elector, stop, on_started_leading=self._lead, on_stopped_leading=self._step_down
+        )
+        threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
+        while not stop.is_set():
+            self.metrics.alive()
+            self._wake.wait(self.resync_s)
+            self._wake.clear()
+            if stop.is_set() or not self.leading.is_set() or not self._synced.is_set():
+                continue
+            try:
+                self.reconcile()
+            except KubeError as exc:
+                self._episodes = None
+                log.warning("reconcile failed, retrying in %.0fs: %s", RETRY_S, exc)
+                stop.wait(RETRY_S)
+
+    def _wake_on_stop(self, stop: threading.Event) -> None:
+        stop.wait()
+        self._wake.set()
+
+    def _lead(self) -> None:
+        log.info("%s leads", self.identity)
+        self._episodes = None  # read the episodes the previous leader wrote
+        self.metrics.leader.set(1)
+        self.leading.set()
+        self._wake.set()
+
+    def _step_down(self) -> None:
+        log.info("%s no longer leads", self.identity)
+        self.leading.clear()
+        self.metrics.leader.set(0)
+
+    def _watch_nodes(self, stop: threading.Event) -> None:
+        version = ""
+        while not stop.is_set():
+            try:
+                for item in list_then_watch(
+                    self.api, NODES.path(), project=slim_node, resource_version=version, stop=stop
+                ):
+                    version = self._take(item) or version
+            except KubeError as exc:
+                log.warning("node watch broken, resuming: %s", exc)
+                stop.wait(RETRY_S)
+
+    def _take(self, item: Snapshot | WatchEvent) -> str:
+        with self._lock:
+            if isinstance(item, Snapshot):
+                self._nodes = {n["metadata"]["name"]: n for n in item.items}
+                version = item.resource_version
+            else:
+                name = item.object["metadata"]["name"]
+                if item.type == "DELETED":
+                    self._nodes.pop(name, None)
+                else:
+                    self._nodes[name] = item.object
+                version = item.resource_version
+        self._synced.set()
+        self.metrics.ready.set()
+        self._wake.set()
+        return version
+
+    # --- one pass -----------------------------------------------------------------
+    def reconcile(self) -> Plan:
+        now = self.clock()
+        if self._episodes is None:
+            self._episodes, self._history = list_episodes(self.api)
+            self.breakers.load()
+        episodes = self._refresh_results(self._episodes)
+        with self._lock:
+            nodes = dict(self._nodes)
+        observations = {name: self._observe(name, node) for name, node in nodes.items()}
+        for name, episode in episodes.items():
+            if episode.phase is Phase.DRAINING and name in observations:
+                moving = drain.evictable_count(self.api, name, episode.gpus)
+                observations[name] = dataclasses.replace(observations[name], pods_to_move=moving)
+        plan = decide(
+            observations,
+            episodes,
+            self._history,
+            self.breakers.state,
+            self.policy,
+            now,
+            breaker_reset=self.breakers.reset_requested(),
+        )
+        failures = self.applier.apply(plan, nodes, now)
+        self._remember(plan, failures)
+        self.breakers.save(plan.breaker)
+        self._observe_metrics(plan, observations, now)
+        return plan
+
+    def _observe(self, name: str, node: Json) -> NodeObservation:
+        version = str(node["metadata"].get("resourceVersion", ""))
+        cached = self._projections.get(name)
+        if cached is None or cached[0] != version:
+            cached = (version, project_node(node, self.policy.pool_label))
+            self._projections[name] = cached
+        return cached[1]
+
+    def _refresh_results(self, episodes: dict[str, Episode]) -> dict[str, Episode]:
+        """Episodes waiting for the agent get the agent's latest answer."""
+        refreshed = dict(episodes)
+        for name, episode in episodes.items():
+            if episode.phase is Phase.ACTING and episode.action_result is None:
+                result = read_result(self.api, episode)
+                if result is not None:
+                    refreshed[name] = dataclasses.replace(episode, action_result=result)
+        return refreshed
+
+    def _remember(self, plan: Plan, failures: set[str]) -> None:
+        if failures:
+            self._episodes = None  # what the cluster holds is now the truth
+            return
+        closed = [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
+        self._episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
+        horizon = self.clock() - max(self.policy.lemon_window_s, self.policy.breaker.window_s)
+        self._history = [
+            e for e in [*self._history, *closed] if (e.closed_at or e.opened_at) >= horizon
+        ]
+
+    def _observe_metrics(
+        self, plan: Plan, observations: dict[str, NodeObservation], now: float
+    ) -> None:
+        self.metrics.observe_plan(plan, {n: o.pool for n, o in observations.items()})
+        for decision in plan.decisions:
+            observed = observations.get(decision.node)
+            if decision.kind is DecisionKind.TAINT and observed is not None:
+                bad = [lay.since for lay in observed.layers.values() if lay.status != "True"]
+                if bad:
+                    self.metrics.to_quarantine.observe(max(0.0, self.clock() - min(bad)))
+            if decision.kind is DecisionKind.RECORD:
+                episode = plan.episodes.get(decision.node)
+                if episode is not None and episode.phase is Phase.CLOSED:
+                    self.metrics.to_close.labels(str(episode.resolution)).observe(
+                        max(0.0, now - episode.opened_at)
+                    )
+        self.metrics.reconcile.observe(self.clock() - now)

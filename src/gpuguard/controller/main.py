@@ -1,0 +1,51 @@
+"""Wiring for ``gpuguard controller``: policy file, credentials, provider, signals, metrics."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from gpuguard.agent.metrics import serve
+from gpuguard.controller.loop import Controller
+from gpuguard.controller.metrics import ControllerMetrics
+from gpuguard.controller.providers import PROVIDERS
+from gpuguard.kube.rest import load_api
+from gpuguard.remediation.policy import Policy, load_policy
+
+log = logging.getLogger("gpuguard.controller")
+
+
+def run_controller(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    policy = Policy() if args.policy is None else load_policy(args.policy)
+    api = load_api(args.kubeconfig)
+    metrics = ControllerMetrics()
+    if args.metrics_port:
+        serve(metrics, args.metrics_port)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    controller = Controller(
+        api,
+        policy,
+        PROVIDERS[args.provider](api),
+        namespace=args.namespace,
+        identity=args.identity,
+        dry_run=args.dry_run,
+        metrics=metrics,
+    )
+    log.info(
+        "gpuguard controller %s starting%s (provider %s)",
+        args.identity,
+        " in dry-run" if args.dry_run else "",
+        args.provider,
+    )
+    controller.run(stop)
+    log.info("gpuguard controller %s stopped", args.identity)
+    return 0

@@ -1,0 +1,97 @@
+"""The controller's metrics: phases, actions, latencies, budget and breaker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpuguard.remediation.model import Episode, Phase, Plan
+
+LIVENESS_S = 120.0
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60, 300, 900, 3600, 14400)
+
+
+class ControllerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.nodes_by_phase = Gauge(
+            "gpuguard_controller_nodes",
+            "Nodes with an open episode, by phase",
+            ["phase"],
+            registry=self.registry,
+        )
+        self.actions = Counter(
+            "gpuguard_controller_actions_total",
+            "Decisions applied, by kind and result",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        self.evictions = Counter(
+            "gpuguard_controller_evictions_total",
+            "Pod evictions, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.to_quarantine = Histogram(
+            "gpuguard_controller_detection_to_quarantine_seconds",
+            "From a condition turning bad to our taint being on the Node",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.to_close = Histogram(
+            "gpuguard_controller_episode_seconds",
+            "From detection to the episode closing",
+            ["resolution"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.budget_in_use = Gauge(
+            "gpuguard_controller_disruptions_in_progress",
+            "Nodes draining, acting or verifying, by pool",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.breaker_open = Gauge(
+            "gpuguard_controller_breaker_open",
+            "1 while the fleet circuit breaker is open",
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "gpuguard_controller_leader",
+            "1 on the replica that holds the Lease",
+            registry=self.registry,
+        )
+        self.ready = threading.Event()  # set once the Node cache is filled
+        self._alive_at = time.monotonic()
+        self.reconcile = Histogram(
+            "gpuguard_controller_reconcile_seconds",
+            "Wall time of one reconcile",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def alive(self) -> None:
+        self._alive_at = time.monotonic()
+
+    def is_alive(self) -> bool:
+        return time.monotonic() - self._alive_at < LIVENESS_S
+
+    def observe_plan(self, plan: Plan, pools: Mapping[str, str]) -> None:
+        open_episodes = [e for e in plan.episodes.values() if e.phase is not Phase.CLOSED]
+        phases = Tally(e.phase for e in open_episodes)
+        for phase in Phase:
+            if phase is not Phase.CLOSED:
+                self.nodes_by_phase.labels(str(phase)).set(phases.get(phase, 0))
+        active = Tally(pools.get(e.node, "") for e in open_episodes if _active(e))
+        self.budget_in_use.clear()
+        for pool, count in active.items():
+            self.budget_in_use.labels(pool).set(count)
+        self.breaker_open.set(plan.breaker.open)
+
+
+def _active(episode: Episode) -> bool:
+    return episode.phase in (Phase.DRAINING, Phase.ACTING, Phase.VERIFYING)

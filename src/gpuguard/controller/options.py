@@ -1,0 +1,46 @@
+"""The ``gpuguard controller`` flags, apart from the controller so ``--help`` stays cheap."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+
+PROVIDER_NAMES = ("delete-node", "karpenter")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="remediation policy YAML (default: the built-in policy)",
+    )
+    parser.add_argument(
+        "--kubeconfig", type=Path, metavar="FILE", help="default: the pod's ServiceAccount"
+    )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", "gpuguard"),
+        help="where the leader Lease and the breaker state live",
+    )
+    parser.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME", socket.gethostname()),
+        help="this replica's name in the Lease",
+    )
+    parser.add_argument(
+        "--provider",
+        choices=PROVIDER_NAMES,
+        default="karpenter",
+        help="how REPLACE hands a machine back",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="decide and record everything (NodeRemediations, Events), act on nothing",
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=9466, metavar="PORT", help="0 disables /metrics"
+    )

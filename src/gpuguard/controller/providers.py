@@ -1,0 +1,60 @@
+"""How a machine is handed back for a fresh one: one small interface, one file per provider.
+
+``replace(node)`` starts the replacement and returns True once it is under way (idempotent:
+called again each reconcile until the Node is gone). Karpenter's is the default: deleting
+the NodeClaim makes Karpenter drain the node (respecting budgets) and launch a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol
+
+from gpuguard.kube.rest import NODES, KubeApi, KubeNotFound, Resource
+
+NODECLAIMS = Resource("/apis/karpenter.sh/v1", "nodeclaims")
+
+
+class Provider(Protocol):
+    name: str
+
+    def replace(self, node: str) -> bool: ...
+
+
+class KarpenterProvider:
+    """Deletes the Karpenter NodeClaim whose ``status.nodeName`` is the node."""
+
+    name = "karpenter"
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+
+    def replace(self, node: str) -> bool:
+        claims = [
+            claim
+            for claim in self.api.list(NODECLAIMS.path()).items
+            if (claim.get("status") or {}).get("nodeName") == node
+        ]
+        for claim in claims:
+            if not claim["metadata"].get("deletionTimestamp"):
+                # Deleted meanwhile is what we wanted anyway.
+                with contextlib.suppress(KubeNotFound):
+                    self.api.delete(NODECLAIMS.path(claim["metadata"]["name"]))
+        return bool(claims)
+
+
+class DeleteNodeProvider:
+    """Deletes the Node object (for tests, and clusters whose autoscaler reacts to that)."""
+
+    name = "delete-node"
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+
+    def replace(self, node: str) -> bool:
+        with contextlib.suppress(KubeNotFound):
+            self.api.delete(NODES.path(node))
+        return True
+
+
+PROVIDERS = {"karpenter": KarpenterProvider, "delete-node": DeleteNodeProvider}

@@ -1,0 +1,243 @@
+"""Moving work off a node (or off some of its GPUs): pick the pods, evict or kill them.
+
+Eviction goes through the ``policy/v1`` Eviction API so PodDisruptionBudgets hold; a 429
+is reported as *blocked* and left to the caller's backoff (a drain is a loop of short
+calls, never a long sleep in here). The API server marks evicted pods with the
+``DisruptionTarget`` condition itself. ``kill_pods`` (the KILL_JOB rung) deletes without
+asking the budget, so it writes that condition first: a Job's ``podFailurePolicy`` matches
+it and does not count our repair against the job's ``backoffLimit``.
+
+Pods are picked as ``kubectl drain`` does: DaemonSet pods (recreated on the spot) and
+mirror pods (static, owned by the kubelet) are skipped, and so are pods already terminating
+or finished. Every delete carries the pod's UID as a precondition, so a StatefulSet pod
+recreated under the same name is never hit by a call meant for its predecessor.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpuguard.kube.rest import (
+    PODS,
+    Json,
+    KubeApi,
+    KubeConflict,
+    KubeNotFound,
+    KubeStatusError,
+    KubeThrottled,
+)
+from gpuguard.kube.times import format_time
+from gpuguard.remediation.model import GPU_IDS_ANNOTATION
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+DISRUPTION_TARGET = "DisruptionTarget"
+KILL_REASON = "DeletionByGpuguard"
+_GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-.+)$")
+_PCI_BUS_ID = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+
+
+class EvictionOutcome(StrEnum):
+    EVICTED = "Evicted"  # deletion started (the pod may take its grace period to go)
+    GONE = "Gone"  # the pod (with that UID) no longer exists: nothing left to do
+    BLOCKED = "Blocked"  # 429: a PodDisruptionBudget does not allow it now; retry later
+    FAILED = "Failed"  # refused for another reason (forbidden, several budgets, ...)
+
+
+@dataclass(frozen=True)
+class DrainCounts:
+    """What one pass over some pods achieved; ``problems`` says why for blocked/failed."""
+
+    evicted: int = 0  # evicted, deleted, or already gone
+    blocked: int = 0
+    failed: int = 0
+    problems: tuple[str, ...] = field(default=())
+
+
+def pods_on_node(api: KubeApi, node: str) -> list[Json]:
+    """Every pod bound to ``node``, in all namespaces."""
+    return api.list(PODS.path(), field_selector=f"spec.nodeName={node}").items
+
+
+def is_daemonset_pod(pod: Json) -> bool:
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(owner.get("kind") == "DaemonSet" for owner in owners)
+
+
+def is_mirror_pod(pod: Json) -> bool:
+    return MIRROR_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def is_terminating(pod: Json) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def is_finished(pod: Json) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def requests_gpus(pod: Json) -> bool:
+    """Any container asks for ``nvidia.com/gpu`` (or a MIG slice) in requests or limits."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for amounts in (resources.get("requests") or {}, resources.get("limits") or {}):
+            if any(_GPU_RESOURCE.match(name) and str(n) != "0" for name, n in amounts.items()):
+                return True
+    return False
+
+
+def is_on_gpus(pod: Json, gpus: Collection[str]) -> bool:
+    """Whether the pod may be using one of ``gpus`` (PCI bus ids or UUIDs).
+
+    With the ``gpuguard.io/gpu-ids`` annotation: when its ids intersect ``gpus``. Without
+    it, or when its ids are of a kind ``gpus`` does not name (UUIDs against bus ids), we
+    cannot tell, so any pod requesting GPUs counts: moving one pod too many costs a restart,
+    one too few resets a GPU under a running job.
+    """
+    wanted = {_normal_gpu_id(gpu) for gpu in gpus}
+    annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(GPU_IDS_ANNOTATION)
+    if annotation is not None:
+        held = {_normal_gpu_id(gpu) for gpu in annotation.split(",") if gpu.strip()}
+        comparable = {gpu for gpu in held if _id_kind(gpu) in {_id_kind(w) for w in wanted}}
+        if comparable:
+            return bool(comparable & wanted)
+    return requests_gpus(pod)
+
+
+def evictable_pods(pods: Iterable[Json], gpus: Collection[str] = ()) -> list[Json]:
+    """The pods a drain must move: all evictable ones, or those on ``gpus`` if given."""
+    return [
+        pod
+        for pod in pods
+        if _movable(pod) and not is_terminating(pod) and (not gpus or is_on_gpus(pod, gpus))
+    ]
+
+
+def pods_still_to_move(pods: Iterable[Json], gpus: Collection[str] = ()) -> list[Json]:
+    """Like :func:`evictable_pods`, plus those already terminating: their containers may
+    still hold the GPU, so the drain is not finished until they are gone."""
+    return [pod for pod in pods if _movable(pod) and (not gpus or is_on_gpus(pod, gpus))]
+
+
+def evictable_count(api: KubeApi, node: str, gpus: Collection[str] = ()) -> int:
+    """The policy's ``pods_to_move``: pods on ``node`` (or its ``gpus``) not gone yet."""
+    return len(pods_still_to_move(pods_on_node(api, node), gpus))
+
+
+def evict(api: KubeApi, pod: Json, *, grace_period_s: int | None = None) -> EvictionOutcome:
+    """One Eviction. Connection failures raise :class:`KubeUnavailable` (stop the pass);
+    answers from the server become an outcome."""
+    metadata = pod["metadata"]
+    options: Json = {"preconditions": {"uid": metadata["uid"]}}
+    if grace_period_s is not None:
+        options["gracePeriodSeconds"] = grace_period_s
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
+        "deleteOptions": options,
+    }
+    path = PODS.path(metadata["name"], namespace=metadata["namespace"], sub="eviction")
+    try:
+        api.create(path, eviction)
+    except KubeThrottled:
+        return EvictionOutcome.BLOCKED
+    except (KubeNotFound, KubeConflict):
+        return EvictionOutcome.GONE
+    except KubeStatusError:
+        return EvictionOutcome.FAILED
+    return EvictionOutcome.EVICTED
+
+
+def evict_pods(
+    api: KubeApi, pods: Iterable[Json], *, grace_period_s: int | None = None
+) -> DrainCounts:
+    """Evict each pod once; call again (with backoff) while anything is blocked."""
+    evicted = blocked = failed = 0
+    problems: list[str] = []
+    for pod in pods:
+        outcome = evict(api, pod, grace_period_s=grace_period_s)
+        if outcome in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
+            evicted += 1
+            continue
+        blocked += outcome is EvictionOutcome.BLOCKED
+        failed += outcome is EvictionOutcome.FAILED
+        problems.append(f"{_pod_ref(pod)}: {outcome}")
+    return DrainCounts(evicted, blocked, failed, tuple(problems))
+
+
+def kill_pods(
+    api: KubeApi,
+    pods: Iterable[Json],
+    reason: str,
+    *,
+    now: float | None = None,
+    grace_period_s: int | None = None,
+) -> DrainCounts:
+    """Delete each pod, budgets notwithstanding, after marking it ``DisruptionTarget``."""
+    stamp = format_time(float(int(time.time() if now is None else now)))
+    condition = {
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": KILL_REASON,
+        "message": reason[:1024],
+        "lastTransitionTime": stamp,
+    }
+    deleted = failed = 0
+    problems: list[str] = []
+    for pod in pods:
+        metadata = pod["metadata"]
+        name, namespace = metadata["name"], metadata["namespace"]
+        options: Json = {"preconditions": {"uid": metadata["uid"]}}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
+        # The UID in the patch makes it fail (422) on a new pod that took the name.
+        patch = {"metadata": {"uid": metadata["uid"]}, "status": {"conditions": [condition]}}
+        try:
+            api.patch(PODS.path(name, namespace=namespace, sub="status"), patch, "strategic")
+            api.delete(PODS.path(name, namespace=namespace), options)
+        except (KubeNotFound, KubeConflict):
+            pass  # gone already (or replaced by a new pod of that name): nothing to kill
+        except KubeStatusError as exc:
+            if not _is_gone(api, pod):
+                failed += 1
+                problems.append(f"{_pod_ref(pod)}: {exc}")
+                continue
+        deleted += 1
+    return DrainCounts(evicted=deleted, failed=failed, problems=tuple(problems))
+
+
+def _movable(pod: Json) -> bool:
+    return not (is_daemonset_pod(pod) or is_mirror_pod(pod) or is_finished(pod))
+
+
+def _is_gone(api: KubeApi, pod: Json) -> bool:
+    metadata = pod["metadata"]
+    try:
+        now = api.get(PODS.path(metadata["name"], namespace=metadata["namespace"]))
+    except KubeNotFound:
+        return True
+    return bool(now["metadata"].get("uid") != metadata["uid"])
+
+
+def _pod_ref(pod: Json) -> str:
+    metadata = pod.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def _normal_gpu_id(gpu: str) -> str:
+    """``00000000:91:00.0`` (nvidia-smi) and ``0000:91:00.0`` (sysfs) name one GPU."""
+    text = gpu.strip().lower()
+    match = _PCI_BUS_ID.match(text)
+    if match is None:
+        return text
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):04x}:{bus}:{device}.{function}"
+
+
+def _id_kind(gpu: str) -> str:
+    return "pci" if _PCI_BUS_ID.match(gpu) else "uuid"

@@ -1,0 +1,161 @@
+"""Nodes as the controller holds them (small dicts) and the four writes it makes to them.
+
+``taint``/``untaint`` add or remove only ``gpuguard.io/unhealthy:NoSchedule``;
+``cordon``/``uncordon`` set ``spec.unschedulable`` together with our marker annotation, so
+a node somebody else cordoned is never uncordoned by us. Each write is a read-modify-write
+carrying the resourceVersion it was computed from: a concurrent change (the kubelet, an
+operator, another controller's taint) makes it fail with 409 instead of being overwritten,
+and it is recomputed on a fresh read. Every function is idempotent: asking for the state
+the node is already in writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, Listing
+from gpuguard.remediation.model import CORDONED_BY_US_ANNOTATION, TAINT_KEY
+
+TAINT_EFFECT = "NoSchedule"
+CONFLICT_RETRIES = 5
+_KEPT_METADATA = ("name", "uid", "resourceVersion", "labels", "annotations", "creationTimestamp")
+
+
+def slim_node(node: Json) -> Json:
+    """The part of a Node the controller keeps: no images, addresses, capacity or
+    managedFields (a 5,000-node fleet is ~70 MB of JSON, mostly image lists)."""
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    slim_spec: Json = {}
+    if spec.get("taints"):
+        slim_spec["taints"] = spec["taints"]
+    if spec.get("unschedulable"):
+        slim_spec["unschedulable"] = True
+    if spec.get("providerID"):
+        slim_spec["providerID"] = spec["providerID"]
+    return {
+        "metadata": {key: metadata[key] for key in _KEPT_METADATA if key in metadata},
+        "spec": slim_spec,
+        "status": {"conditions": status.get("conditions") or []},
+    }
+
+
+def list_nodes(api: KubeApi, *, label_selector: str = "") -> Listing:
+    """Every Node, slimmed page by page (the full objects never exist all at once)."""
+    return api.list(NODES.path(), label_selector=label_selector, project=slim_node)
+
+
+def get_node(api: KubeApi, name: str) -> Json:
+    return slim_node(api.get(NODES.path(name)))
+
+
+def node_name(node: Json) -> str:
+    return str(node["metadata"]["name"])
+
+
+def taints_of(node: Json) -> list[Json]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def is_tainted(node: Json) -> bool:
+    """Carries our taint (whatever its value)."""
+    return any(_is_ours(taint) for taint in taints_of(node))
+
+
+def is_unschedulable(node: Json) -> bool:
+    return bool((node.get("spec") or {}).get("unschedulable"))
+
+
+def is_cordoned_by_us(node: Json) -> bool:
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return CORDONED_BY_US_ANNOTATION in annotations
+
+
+def taint(api: KubeApi, node: Json, *, value: str = "") -> Json:
+    """Add ``gpuguard.io/unhealthy:NoSchedule``; other taints are kept as they are."""
+
+    def change(current: Json) -> Json | None:
+        if is_tainted(current):
+            return None
+        ours: Json = {"key": TAINT_KEY, "effect": TAINT_EFFECT}
+        if value:
+            ours["value"] = value
+        return {"spec": {"taints": [*taints_of(current), ours]}}
+
+    return _update(api, node, change)
+
+
+def untaint(api: KubeApi, node: Json) -> Json:
+    """Remove our taint only; foreign taints (and their order) stay."""
+
+    def change(current: Json) -> Json | None:
+        if not is_tainted(current):
+            return None
+        kept = [taint for taint in taints_of(current) if not _is_ours(taint)]
+        return {"spec": {"taints": kept or None}}
+
+    return _update(api, node, change)
+
+
+def cordon(api: KubeApi, node: Json) -> Json:
+    """Mark the node unschedulable and remember that we did. A node already cordoned by
+    someone else is left alone (not claimed): check :func:`is_cordoned_by_us` on the
+    answer to know whether closing the episode may uncordon it."""
+
+    def change(current: Json) -> Json | None:
+        if is_unschedulable(current):
+            return None
+        return {
+            "metadata": {"annotations": {CORDONED_BY_US_ANNOTATION: "true"}},
+            "spec": {"unschedulable": True},
+        }
+
+    return _update(api, node, change)
+
+
+def uncordon(api: KubeApi, node: Json) -> Json:
+    """Undo our cordon: only when our marker is there, and then remove both."""
+
+    def change(current: Json) -> Json | None:
+        if not is_cordoned_by_us(current):
+            return None
+        return {
+            "metadata": {"annotations": {CORDONED_BY_US_ANNOTATION: None}},
+            "spec": {"unschedulable": None},
+        }
+
+    return _update(api, node, change)
+
+
+def _is_ours(taint: Json) -> bool:
+    return taint.get("key") == TAINT_KEY and taint.get("effect") == TAINT_EFFECT
+
+
+def _update(api: KubeApi, node: Json, change: Callable[[Json], Json | None]) -> Json:
+    """Apply ``change`` as a merge patch conditional on the node's resourceVersion;
+    on a conflict read the node again and recompute. Returns the node as it now is.
+
+    "Nothing to do" is only trusted on a node just read: a cached node may be stale in
+    exactly the way that hides the work (our taint added by a previous leader, say)."""
+    current = node
+    fresh = False
+    if not (current.get("metadata") or {}).get("resourceVersion"):
+        current, fresh = get_node(api, node_name(current)), True  # only a name was given
+    for attempt in range(CONFLICT_RETRIES + 1):
+        patch = change(current)
+        if patch is None and not fresh:
+            current, fresh = get_node(api, node_name(current)), True
+            patch = change(current)
+        if patch is None:
+            return current
+        metadata: dict[str, Any] = patch.setdefault("metadata", {})
+        metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
+        try:
+            return slim_node(api.patch(NODES.path(node_name(current)), patch))
+        except KubeConflict:
+            if attempt == CONFLICT_RETRIES:
+                raise
+            current, fresh = get_node(api, node_name(current)), True
+    raise AssertionError("unreachable")

@@ -1,0 +1,200 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, the way client-go does it.
+
+Only one controller replica may taint, evict and reboot. Replicas race to write the Lease
+with the resourceVersion they read (a conflict means someone else won). Two rules keep two
+leaders from ever acting at once, whatever the clocks of the machines say:
+
+- a candidate judges expiry by its *own* clock: the holder's record must stay unchanged
+  for ``leaseDurationSeconds`` since this candidate first saw it, never by comparing the
+  holder's ``renewTime`` with local time;
+- the holder counts itself leader only until ``renew_deadline_s`` (shorter than the lease)
+  after its last successful renewal, so it stops before any candidate may take over.
+
+Failover after a holder dies takes the lease duration plus up to two retry periods
+(about 15-19 s with the defaults); a holder that shuts down cleanly releases the lease and
+a candidate takes it on its next try.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from gpuguard.errors import ConfigError
+from gpuguard.kube.errors import KubeUnavailable
+from gpuguard.kube.rest import LEASES, Json, KubeApi, KubeConflict, KubeNotFound
+from gpuguard.kube.times import format_micro_time
+
+
+class LeaderElector:
+    """One replica's view of one Lease; call :meth:`try_acquire_or_renew` periodically."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        lease_s: float = 15.0,
+        renew_s: float = 5.0,
+        retry_s: float = 2.0,
+        renew_deadline_s: float | None = None,
+    ) -> None:
+        self.api = api
+        self.identity = identity
+        self.lease_s = lease_s
+        self.renew_s = renew_s
+        self.retry_s = retry_s
+        self.renew_deadline_s = renew_deadline_s if renew_deadline_s else lease_s * 2 / 3
+        if not 0 < renew_s < self.renew_deadline_s < lease_s:
+            raise ConfigError("leader election needs renew_s < renew_deadline_s < lease_s")
+        self.path = LEASES.path(name, namespace=namespace)
+        self._namespace, self._name = namespace, name
+        self._seen: tuple[object, ...] | None = None  # the holder's record as last read
+        self._seen_at = 0.0  # when (our clock) that record was first seen
+        self._renewed_at: float | None = None  # our last successful write as holder
+
+    @property
+    def renewed_at(self) -> float | None:
+        """When this replica last wrote the Lease as its holder (None: not holding it)."""
+        return self._renewed_at
+
+    def is_leader(self, now: float) -> bool:
+        """Leader until ``renew_deadline_s`` after the last successful renewal."""
+        return self._renewed_at is not None and now - self._renewed_at < self.renew_deadline_s
+
+    def try_acquire_or_renew(self, now: float) -> bool:
+        """Take the Lease if it is free or expired, renew it if ours; True while leading.
+
+        API outages do not end leadership by themselves: the answer is :meth:`is_leader`,
+        which turns False once the renew deadline passes without a renewal.
+        """
+        try:
+            lease = self.api.get(self.path)
+        except KubeNotFound:
+            return self._create(now)
+        except KubeUnavailable:
+            return self.is_leader(now)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = _record(spec)
+        if record != self._seen:
+            self._seen, self._seen_at = record, now
+        if holder and holder != self.identity:
+            self._renewed_at = None
+            duration = float(spec.get("leaseDurationSeconds") or self.lease_s)
+            if now - self._seen_at < duration:
+                return False
+        stamp = format_micro_time(now)
+        ours = holder == self.identity
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if ours or not holder else 1)
+        lease["spec"] = {
+            **spec,
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": math.ceil(self.lease_s),
+            "renewTime": stamp,
+            "acquireTime": spec.get("acquireTime") if ours else stamp,
+            "leaseTransitions": transitions,
+        }
+        return self._write(lease, now)
+
+    def release(self) -> None:
+        """Give the Lease up (if still ours) so a candidate need not wait for it to expire.
+        Stop acting as leader before calling this."""
+        self._renewed_at = None
+        try:
+            lease = self.api.get(self.path)
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.identity:
+                return
+            lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1}
+            self.api.replace(self.path, lease)
+        except (KubeUnavailable, KubeConflict, KubeNotFound):
+            pass  # it expires on its own
+
+    def _create(self, now: float) -> bool:
+        stamp = format_micro_time(now)
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self._name, "namespace": self._namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": math.ceil(self.lease_s),
+                "acquireTime": stamp,
+                "renewTime": stamp,
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            self.api.create(LEASES.path(namespace=self._namespace), lease)
+        except KubeConflict:
+            return False  # another replica created it first
+        except KubeUnavailable:
+            return self.is_leader(now)
+        self._renewed_at = now
+        return True
+
+    def _write(self, lease: Json, now: float) -> bool:
+        try:
+            written = self.api.replace(self.path, lease)
+        except KubeConflict:
+            self._renewed_at = None  # someone else wrote first: they may hold it now
+            return False
+        except KubeUnavailable:
+            return self.is_leader(now)
+        self._seen, self._seen_at = _record(written.get("spec") or {}), now
+        self._renewed_at = now
+        return True
+
+
+def _record(spec: Json) -> tuple[object, ...]:
+    """What must change for a holder to count as alive."""
+    return (spec.get("holderIdentity") or "", spec.get("renewTime"), spec.get("leaseTransitions"))
+
+
+def run_leader_election(
+    elector: LeaderElector,
+    stop: threading.Event,
+    *,
+    on_started_leading: Callable[[], None],
+    on_stopped_leading: Callable[[], None],
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Campaign and renew until ``stop`` is set, then release. The callbacks run on this
+    thread and should only flip a flag: leadership may end while they run."""
+    leading = False
+    try:
+        while not stop.is_set():
+            now = clock()
+            if elector.try_acquire_or_renew(now) != leading:
+                leading = not leading
+                (on_started_leading if leading else on_stopped_leading)()
+            # A failed renewal is retried soon, well inside the renew deadline.
+            stop.wait(elector.renew_s if elector.renewed_at == now else elector.retry_s)
+    finally:
+        if leading:
+            on_stopped_leading()
+        elector.release()
+
+
+def start_leader_election(
+    elector: LeaderElector,
+    stop: threading.Event,
+    *,
+    on_started_leading: Callable[[], None],
+    on_stopped_leading: Callable[[], None],
+) -> threading.Thread:
+    """:func:`run_leader_election` on a daemon thread."""
+    thread = threading.Thread(
+        target=run_leader_election,
+        args=(elector, stop),
+        kwargs={"on_started_leading": on_started_leading, "on_stopped_leading": on_stopped_leading},
+        name=f"leader-election-{elector.identity}",
+        daemon=True,
+    )
+    thread.start()
+    return thread

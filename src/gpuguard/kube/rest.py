@@ -1,0 +1,315 @@
+"""A small raw-JSON client for the Kubernetes API: paths in, dicts out.
+
+The controller lists every Node of a 5,000-node fleet; lightkube's models (or the official
+client's) would double the parse time and hold the whole object graph (see "Kubernetes
+conventions" in DESIGN.md). So this layer speaks plain JSON over lightkube's HTTP client,
+reusing only lightkube's kubeconfig handling (TLS, tokens, exec plugins, ServiceAccount),
+and lists page by page so a caller can shrink each item before the next page arrives.
+
+Errors are split by what the caller does next: :class:`KubeUnavailable` (connection, 5xx,
+429: retry later) and :class:`KubeRejected` (4xx: do not retry as is), with the statuses a
+caller must tell apart as subclasses (:class:`KubeNotFound`, :class:`KubeConflict`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote
+
+import httpx2
+from lightkube import KubeConfig
+from lightkube.config.client_adapter import Client as http_client_for
+from lightkube.config.client_adapter import ConnectionParams
+
+from gpuguard.kube.errors import KubeError, KubeRejected, KubeUnavailable
+
+Json = dict[str, Any]
+PatchKind = Literal["merge", "strategic", "json"]
+REQUEST_TIMEOUT_S = 10.0
+LIST_PAGE_SIZE = 500
+WATCH_TIMEOUT_S = 300
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_PATCH_TYPES: dict[str, str] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+
+
+class KubeStatusError(KubeError):
+    """The API server answered with an error status; ``code`` and ``reason`` say which."""
+
+    def __init__(
+        self, message: str, *, code: int, reason: str = "", retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class KubeRefused(KubeStatusError, KubeRejected):
+    """A 4xx other than the ones below (forbidden, invalid, ...)."""
+
+
+class KubeNotFound(KubeStatusError, KubeRejected):
+    """404: the object (or its namespace) does not exist."""
+
+
+class KubeConflict(KubeStatusError, KubeRejected):
+    """409: stale resourceVersion, failed precondition, or the object already exists."""
+
+
+class KubeExpired(KubeStatusError, KubeRejected):
+    """410: the resourceVersion or continue token is too old; list again."""
+
+
+class KubeThrottled(KubeStatusError, KubeUnavailable):
+    """429: rate limited, or an eviction a PodDisruptionBudget does not allow yet."""
+
+
+class KubeServerError(KubeStatusError, KubeUnavailable):
+    """5xx: the server failed; retry later."""
+
+
+def error_for(code: int, status: Mapping[str, Any]) -> KubeStatusError:
+    """The error for an HTTP status and the ``Status`` object the server sent with it."""
+    reason = str(status.get("reason") or "")
+    detail = f"{code} {reason or 'Error'}: {status.get('message') or ''}".rstrip(": ")
+    retry = (status.get("details") or {}).get("retryAfterSeconds")
+    kind: type[KubeStatusError]
+    if code == 404:
+        kind = KubeNotFound
+    elif code == 409:
+        kind = KubeConflict
+    elif code == 410:
+        kind = KubeExpired
+    elif code == 429:
+        kind = KubeThrottled
+    elif code >= 500:
+        kind = KubeServerError
+    else:
+        kind = KubeRefused
+    return kind(detail, code=code, reason=reason, retry_after_s=retry)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a kind lives: ``/api/v1`` or ``/apis/<group>/<version>``, plus its plural."""
+
+    prefix: str
+    plural: str
+    namespaced: bool = False
+
+    def path(self, name: str = "", *, namespace: str = "", sub: str = "") -> str:
+        """The URL path; a namespaced kind without ``namespace`` means all namespaces."""
+        parts = [self.prefix]
+        if self.namespaced and namespace:
+            parts += ["namespaces", quote(namespace, safe="")]
+        parts.append(self.plural)
+        if name:
+            parts.append(quote(name, safe=""))
+        if sub:
+            parts.append(sub)
+        return "/".join(parts)
+
+
+NODES = Resource("/api/v1", "nodes")
+PODS = Resource("/api/v1", "pods", namespaced=True)
+LEASES = Resource("/apis/coordination.k8s.io/v1", "leases", namespaced=True)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The items of a (paged) list and the resourceVersion to watch from."""
+
+    items: list[Json]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One line of a watch: ADDED, MODIFIED, DELETED or BOOKMARK, and the object."""
+
+    type: str
+    object: Json
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.object.get("metadata", {}).get("resourceVersion", ""))
+
+
+def load_api(
+    kubeconfig: Path | None,
+    *,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+) -> KubeApi:
+    """An API client from a kubeconfig file, or the pod's ServiceAccount when ``None``
+    (token, CA and namespace under ``service_account_dir``, server from the environment;
+    the token file is re-read when the API answers 401, as kubelet rotates it)."""
+    try:
+        if kubeconfig is None:
+            config = KubeConfig.from_service_account(service_account_dir)
+        else:
+            config = KubeConfig.from_file(kubeconfig)
+        single = config.get()
+        if single is None:
+            raise ValueError("the kubeconfig has no current context")
+        http = http_client_for(single, ConnectionParams(timeout=httpx2.Timeout(timeout_s)))
+    except Exception as exc:  # lightkube raises several types for a bad or absent config
+        raise KubeRejected(f"cannot load Kubernetes credentials: {exc}") from None
+    return KubeApi(http)
+
+
+class KubeApi:
+    """get / list / watch / create / replace / patch / delete on API paths, as dicts."""
+
+    def __init__(self, http: httpx2.Client) -> None:
+        self._http = http
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> KubeApi:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def get(self, path: str, params: Mapping[str, str] | None = None) -> Json:
+        return self._call("GET", path, params=params)
+
+    def create(self, path: str, body: Json) -> Json:
+        """POST to a collection (or a subresource such as ``pods/x/eviction``)."""
+        return self._call("POST", path, body=body)
+
+    def replace(self, path: str, body: Json) -> Json:
+        """PUT; a ``metadata.resourceVersion`` in ``body`` makes it conditional (409)."""
+        return self._call("PUT", path, body=body)
+
+    def patch(self, path: str, body: Any, kind: PatchKind = "merge") -> Json:
+        """PATCH; a merge patch carrying ``metadata.resourceVersion`` is conditional (409)."""
+        return self._call("PATCH", path, body=body, content_type=_PATCH_TYPES[kind])
+
+    def delete(self, path: str, body: Json | None = None) -> Json:
+        """DELETE, with optional DeleteOptions (preconditions, grace period)."""
+        return self._call("DELETE", path, body=body)
+
+    def list(
+        self,
+        path: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        page_size: int = LIST_PAGE_SIZE,
+        project: Callable[[Json], Json] | None = None,
+    ) -> Listing:
+        """Every item, ``page_size`` at a time; ``project`` shrinks each page's items."""
+        params = _selectors(label_selector, field_selector)
+        items: list[Json] = []
+        token = ""
+        restarted = False
+        while True:
+            page_params = {**params, "limit": str(page_size)} if page_size else dict(params)
+            if token:
+                page_params["continue"] = token
+            try:
+                page = self._call("GET", path, params=page_params)
+            except KubeExpired:
+                if restarted or not token:
+                    raise
+                # The continue token outlived etcd's compaction: one full list instead.
+                items, token, restarted, page_size = [], "", True, 0
+                continue
+            found = page.get("items") or []
+            if project is None:
+                items.extend(found)
+            else:
+                items.extend(project(item) for item in found)
+            metadata = page.get("metadata") or {}
+            token = str(metadata.get("continue") or "")
+            if not token:
+                return Listing(items, str(metadata.get("resourceVersion", "")))
+
+    def watch(
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        label_selector: str = "",
+        field_selector: str = "",
+        timeout_s: int = WATCH_TIMEOUT_S,
+    ) -> Iterator[WatchEvent]:
+        """Stream changes after ``resource_version``, bookmarks included, until the server
+        ends the watch (about ``timeout_s``). An ``ERROR`` line is raised as its status:
+        :class:`KubeExpired` means the version is gone and the caller must list again."""
+        params = {
+            **_selectors(label_selector, field_selector),
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        timeout = httpx2.Timeout(REQUEST_TIMEOUT_S, read=timeout_s + REQUEST_TIMEOUT_S)
+        try:
+            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    raise _status_error(response.status_code, response.read())
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise error_for(int(status.get("code") or 500), status)
+                    yield WatchEvent(str(event.get("type")), event.get("object") or {})
+        except (httpx2.HTTPError, OSError) as exc:
+            raise KubeUnavailable(f"watch {path}: {type(exc).__name__}: {exc}") from None
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Json:
+        content = None if body is None else json.dumps(body).encode()
+        headers = {"Accept": "application/json"}
+        if content is not None:
+            headers["Content-Type"] = content_type
+        try:
+            response = self._http.request(
+                method, path, params=params, content=content, headers=headers
+            )
+        except (httpx2.HTTPError, OSError) as exc:
+            raise KubeUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 400:
+            raise _status_error(response.status_code, response.content)
+        answer = json.loads(response.content) if response.content else {}
+        return answer if isinstance(answer, dict) else {"value": answer}
+
+
+def _status_error(code: int, content: bytes) -> KubeStatusError:
+    try:
+        status = json.loads(content)
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        status = {"message": content[:200].decode(errors="replace")}
+    return error_for(code, status)
+
+
+def _selectors(label_selector: str, field_selector: str) -> dict[str, str]:
+    params = {}
+    if label_selector:
+        params["labelSelector"] = label_selector
+    if field_selector:
+        params["fieldSelector"] = field_selector
+    return params

@@ -1,0 +1,82 @@
+"""List, then follow changes: the controller's view of a kind without polling.
+
+A watch resumes from the last resourceVersion it saw (bookmarks keep that version fresh on
+quiet kinds, so a restart does not fall off etcd's compaction window). When the version is
+gone anyway (410), the only correct move is a new list: the caller gets a
+:class:`Snapshot` and replaces what it knew, instead of silently missing deletions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from gpuguard.kube.errors import KubeUnavailable
+from gpuguard.kube.rest import WATCH_TIMEOUT_S, Json, KubeApi, KubeExpired, WatchEvent
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every object as of ``resource_version``: forget what was known, keep these."""
+
+    items: list[Json]
+    resource_version: str
+
+
+def list_then_watch(
+    api: KubeApi,
+    path: str,
+    *,
+    label_selector: str = "",
+    field_selector: str = "",
+    project: Callable[[Json], Json] | None = None,
+    resource_version: str = "",
+    stop: threading.Event | None = None,
+    watch_timeout_s: int = WATCH_TIMEOUT_S,
+) -> Iterator[Snapshot | WatchEvent]:
+    """A :class:`Snapshot`, then ADDED/MODIFIED/DELETED events, relisting after a 410.
+
+    Starts with a list unless ``resource_version`` is given (resuming a watch whose
+    connection broke: :class:`~gpuguard.kube.errors.KubeUnavailable` ends the iterator and
+    the caller may call again with the last version it saw). ``stop`` is checked between
+    events and between watch requests, which the server ends every ``watch_timeout_s``; to
+    stop at once, set ``stop`` and close ``api`` (the broken read then ends quietly).
+    """
+
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
+    def relist() -> Snapshot:
+        listing = api.list(
+            path, label_selector=label_selector, field_selector=field_selector, project=project
+        )
+        return Snapshot(listing.items, listing.resource_version)
+
+    version = resource_version
+    if not version:
+        snapshot = relist()
+        version = snapshot.resource_version
+        yield snapshot
+    while not stopped():
+        try:
+            for event in api.watch(
+                path,
+                resource_version=version,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                timeout_s=watch_timeout_s,
+            ):
+                version = event.resource_version or version
+                if event.type != "BOOKMARK":
+                    yield WatchEvent(event.type, project(event.object)) if project else event
+                if stopped():
+                    return
+        except KubeExpired:
+            snapshot = relist()
+            version = snapshot.resource_version
+            yield snapshot
+        except KubeUnavailable:
+            if stopped():
+                return  # the caller closed the client to end a blocked read at once
+            raise

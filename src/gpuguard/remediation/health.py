@@ -1,0 +1,102 @@
+"""How the policy reads one node's layers: unhealthy, healthy, or not sure yet.
+
+``False`` is evidence; ``Unknown`` is only the absence of it (an agent that stopped
+reporting, a check that hung), so it counts as unhealthy only after a grace period and
+never picks a destructive rung by itself. Healthy needs every layer ``True`` for a while,
+so a flapping node keeps its taint (flap damping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuguard.model import Action
+from gpuguard.remediation.model import Episode, LayerReport, NodeObservation
+from gpuguard.remediation.policy import Policy
+
+TRUE = "True"
+FALSE = "False"
+
+
+def false_layers(node: NodeObservation) -> list[LayerReport]:
+    """The layers with evidence of a fault, in layer-name order (deterministic messages)."""
+    return [node.layers[name] for name in sorted(node.layers) if node.layers[name].status == FALSE]
+
+
+def is_unhealthy(node: NodeObservation, policy: Policy, now: float) -> bool:
+    """Any layer ``False``, or not ``True`` (Unknown, garbled) for ``unknown_grace_s``."""
+    return any(
+        layer.status == FALSE
+        or (layer.status != TRUE and now - layer.since >= policy.unknown_grace_s)
+        for layer in node.layers.values()
+    )
+
+
+def is_healthy(node: NodeObservation, policy: Policy, now: float) -> bool:
+    """Every layer ``True``, the latest of them for at least ``clear_after_s``.
+
+    A node with no layers at all (no agent yet) is neither healthy nor unhealthy.
+    """
+    layers = node.layers.values()
+    return (
+        bool(layers)
+        and all(layer.status == TRUE for layer in layers)
+        and now - max(layer.since for layer in layers) >= policy.clear_after_s
+    )
+
+
+def needed_action(node: NodeObservation) -> Action:
+    """The rung the evidence asks for: the highest recommendation of the False layers."""
+    return max((layer.action for layer in false_layers(node)), default=Action.NONE)
+
+
+def named_gpus(node: NodeObservation) -> tuple[str, ...]:
+    """The GPUs the False layers' findings name (``()``: none named, the whole node)."""
+    return tuple(sorted({gpu for layer in false_layers(node) for gpu in layer.gpus}))
+
+
+def tolerance_passed(node: NodeObservation, episode: Episode, policy: Policy, now: float) -> bool:
+    """Has some False layer lasted its tolerance? Then the fault is persistent.
+
+    Each layer counts from the later of its own transition and the episode's opening (an
+    episode opened on ``Unknown`` does not lend its age to a ``False`` that just arrived;
+    a fault older than the episode still waits once the node is tainted). The soonest
+    expiry wins, as in Karpenter's repair policies. Without a False layer there is nothing
+    to wait for (and nothing destructive to do: see ``choose_rung``).
+    """
+    layers = false_layers(node)
+    if not layers:
+        return True
+    return any(
+        now - max(episode.opened_at, layer.since) >= policy.tolerance_for(layer.codes)
+        for layer in layers
+    )
+
+
+def recent_episodes(node: str, history: Sequence[Episode], policy: Policy, now: float) -> int:
+    """Closed episodes of ``node`` within ``lemon_window_s`` (the lemon count, less this one)."""
+    return sum(
+        1
+        for episode in history
+        if episode.node == node
+        and episode.closed_at is not None
+        and now - episode.closed_at <= policy.lemon_window_s
+    )
+
+
+def describe(node: NodeObservation) -> str:
+    """One line for steps and events: ``gpu False XID_79 -> REBOOT on 0000:91:00.0``."""
+    parts = []
+    for name in sorted(node.layers):
+        layer = node.layers[name]
+        if layer.status == TRUE:
+            continue
+        text = f"{name} {layer.status}"
+        if layer.codes:
+            text += " " + ",".join(layer.codes)
+        if layer.action is not Action.NONE:
+            text += f" -> {layer.action}"
+        if layer.gpus:
+            text += " on " + ",".join(layer.gpus)
+        parts.append(text)
+    return "; ".join(parts) or "all layers True"

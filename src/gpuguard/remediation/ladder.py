@@ -1,0 +1,54 @@
+"""Which rung of the ladder to try next for one episode.
+
+The ladder only climbs within an episode: the next rung is the lowest one at least as high
+as both what the evidence asks for and what was already tried, with attempts left. So a
+rung is retried while it has attempts (KILL_JOB twice by default) before the next one.
+A lemon goes straight to REPLACE. Unknown layers or findings that recommend nothing never
+pick a destructive rung: those wait for a human.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuguard.model import Action
+from gpuguard.remediation.health import false_layers, needed_action, recent_episodes
+from gpuguard.remediation.model import Episode, NodeObservation
+from gpuguard.remediation.policy import RUNGS, Policy
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A rung to start, or why there is none (``exhausted``: every rung was used up)."""
+
+    rung: Action | None
+    why: str
+    exhausted: bool = False
+
+
+def choose_rung(
+    episode: Episode,
+    node: NodeObservation,
+    history: Sequence[Episode],
+    policy: Policy,
+    now: float,
+) -> Choice:
+    if not false_layers(node):
+        return Choice(None, "only Unknown layers: no destructive action, needs a human")
+    needed = needed_action(node)
+    if needed is Action.NONE:
+        return Choice(None, "the findings recommend no action: needs a human")
+    earlier = recent_episodes(node.name, history, policy, now)
+    if earlier + 1 >= policy.lemon_episodes:
+        candidates: tuple[Action, ...] = (Action.REPLACE,)
+        why = f"lemon: {earlier + 1} episodes within {policy.lemon_window_s:g}s"
+    else:
+        floor = max(needed, episode.rung or Action.NONE)
+        candidates = tuple(rung for rung in RUNGS if rung >= floor)
+        why = f"{needed} recommended"
+    for rung in candidates:
+        if episode.attempts.get(rung, 0) < policy.attempts_allowed(rung):
+            return Choice(rung, why)
+    tried = ", ".join(f"{r} x{n}" for r, n in sorted(episode.attempts.items())) or "nothing"
+    return Choice(None, f"{why}, no rung left (tried {tried}): needs a human", exhausted=True)

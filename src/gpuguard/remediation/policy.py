@@ -1,0 +1,208 @@
+"""The remediation policy: every safety limit of the controller, as validated data.
+
+Defaults lean on what the node-repair tools in production use (shared/research/
+k8s_remediation.md): Medik8s NHC's 300 s grace for ``Unknown`` and its ``healthyDelay``
+flap damping, Karpenter RFC #3192's 10 % per-pool disruption budget, GDC's
+``max(3, 10 %)`` repair pacing, AKS's "at least 5 min unhealthy" before its first reboot.
+The first rungs of our ladder are cheap and the node is tainted the moment it turns bad,
+so the default tolerance (120 s) is far shorter than Karpenter's replace-only 10/30 min.
+Errors name the file and the key, like gpuguard's other configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gpuguard.errors import ConfigError
+from gpuguard.model import Action
+
+Seconds = Annotated[float, Field(ge=0)]
+Percent = Annotated[float, Field(ge=0, le=100)]
+
+RUNGS = (Action.KILL_JOB, Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
+
+# A GPU that fell off the PCIe bus does not come back by itself (NVIDIA's bucket for Xid 79
+# is RESTART_BM): waiting only keeps a dead node in the pool, so act at once.
+DEFAULT_TOLERANCES: dict[str, float] = {"XID_79": 0.0, "GPU_FALLEN_OFF_BUS": 0.0}
+
+# Killing a job twice is cheap (a restarted job may hit a leftover fault once more); every
+# heavier rung is tried once before the next one, as AKS's reboot -> reimage -> redeploy.
+# 0 switches a rung off (REPLACE: 0 keeps scarce reserved capacity from being handed back).
+DEFAULT_MAX_ATTEMPTS: dict[str, int] = {
+    "KILL_JOB": 2,
+    "RESET_GPU": 1,
+    "REBOOT": 1,
+    "REPLACE": 1,
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budget(_Strict):
+    """How many nodes of one pool may be in repair (Draining, Acting, Verifying) at once.
+
+    Only rungs that take GPUs or the node away (RESET_GPU and up) count and wait for it;
+    taints and job kills are never limited.
+    """
+
+    max_unavailable: int = Field(default=2, ge=1, description="Absolute cap per pool")
+    max_unavailable_percent: Percent = Field(
+        default=10, description="Percent of the pool (Karpenter RFC #3192's default budget)"
+    )
+
+    def allowed(self, pool_size: int) -> int:
+        """``min(absolute, max(1, floor(percent of the pool)))``: a small pool still repairs."""
+        by_percent = int(self.max_unavailable_percent * pool_size // 100)
+        return min(self.max_unavailable, max(1, by_percent))
+
+
+class Breaker(_Strict):
+    """The fleet circuit breaker: a wave of new episodes is a bad rollout, not bad machines.
+
+    It opens when the episodes opened within ``window_s`` reach ``threshold_percent`` of the
+    fleet (and at least ``min_nodes``), and closes by itself once that rate falls below
+    ``close_percent`` (unlike Karpenter's latching 20 % breaker), or when an operator
+    resets it. While open no disruptive decision is made; taints continue.
+    """
+
+    threshold_percent: Percent = Field(default=10, gt=0)
+    window_s: Seconds = Field(default=600, gt=0)
+    min_nodes: int = Field(default=3, ge=1, description="Never open for fewer new episodes")
+    close_percent: Percent = Field(default=5)
+
+    @model_validator(mode="after")
+    def _close_below_open(self) -> Breaker:
+        if self.close_percent > self.threshold_percent:
+            raise ValueError("close_percent must not exceed threshold_percent")
+        return self
+
+
+class Policy(_Strict):
+    """Everything ``decide`` is told besides the fleet's state and the time."""
+
+    pool_label: str = Field(
+        default="karpenter.sh/nodepool", description="Node label whose value names the pool"
+    )
+    unknown_grace_s: Seconds = Field(
+        default=300, description="Unknown counts as unhealthy after this long (NHC: 300 s)"
+    )
+    tolerance_s: Seconds = Field(
+        default=120, description="A False condition must last this long before any action"
+    )
+    tolerances: dict[str, Seconds] = Field(
+        default_factory=lambda: dict(DEFAULT_TOLERANCES),
+        description="Per finding code; merged over the defaults (XID_79 and GPU_FALLEN_OFF_BUS: 0)",
+    )
+    clear_after_s: Seconds = Field(
+        default=60, description="Healthy this long before the taint comes off (flap damping)"
+    )
+    max_attempts: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: dict(DEFAULT_MAX_ATTEMPTS),
+        description="Per rung (KILL_JOB, RESET_GPU, REBOOT, REPLACE); merged over the defaults",
+    )
+    min_action_interval_s: Seconds = Field(
+        default=300, description="Least time between two actions on one node (AKS: 5 min)"
+    )
+    drain_timeout_s: Seconds = Field(
+        default=900, description="Give a drain this long (GKE honours PDBs up to 30 min)"
+    )
+    on_drain_timeout: Literal["quarantine", "force"] = Field(
+        default="quarantine",
+        description="quarantine: give up the attempt and uncordon; force: delete the pods",
+    )
+    action_timeout_s: Seconds = Field(
+        default=900, description="Wait this long for the agent's answer (a GPU node reboot)"
+    )
+    verify_timeout_s: Seconds = Field(
+        default=600,
+        description="Wait this long for a fresh healthy report (a heartbeat and a DCGM cycle)",
+    )
+    lemon_episodes: int = Field(
+        default=3, ge=1, description="This many episodes within the window: replace"
+    )
+    lemon_window_s: Seconds = Field(default=7 * 24 * 3600)
+    budget: Budget = Budget()
+    breaker: Breaker = Breaker()
+
+    @field_validator("tolerances", mode="after")
+    @classmethod
+    def _merge_tolerances(cls, value: dict[str, float]) -> dict[str, float]:
+        return {**DEFAULT_TOLERANCES, **value}
+
+    @field_validator("max_attempts", mode="after")
+    @classmethod
+    def _merge_attempts(cls, value: dict[str, int]) -> dict[str, int]:
+        value = {rung.upper(): count for rung, count in value.items()}
+        unknown = sorted(set(value) - set(DEFAULT_MAX_ATTEMPTS))
+        if unknown:
+            raise ValueError(
+                f"unknown rung {', '.join(unknown)} (rungs: {', '.join(DEFAULT_MAX_ATTEMPTS)})"
+            )
+        return {**DEFAULT_MAX_ATTEMPTS, **value}
+
+    def attempts_allowed(self, rung: Action) -> int:
+        return self.max_attempts.get(rung.name, 0)
+
+    def tolerance_for(self, codes: tuple[str, ...]) -> float:
+        """How long one False layer must last: its most urgent code wins.
+
+        The soonest expiry, as Karpenter picks among matching repair policies: a finding
+        known not to clear by itself (tolerance 0) is not held back by a milder one.
+        A layer without codes gets ``tolerance_s``.
+        """
+        tolerances = (self.tolerances.get(code, self.tolerance_s) for code in codes)
+        return min(tolerances, default=self.tolerance_s)
+
+
+def build_policy(data: dict[str, Any], origin: str) -> Policy:
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origin)) from None
+
+
+def load_policy(path: Path) -> Policy:
+    """Read and validate a remediation policy YAML file; an empty file gives the defaults."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read remediation policy: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of keys to values, got {type(data).__name__}"
+        )
+    return build_policy(data, origin=str(path))
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {"budget": Budget, "breaker": Breaker}
+
+
+def _describe(exc: ValidationError, origin: str) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            model = _SECTIONS.get(loc[0], Policy) if len(loc) > 1 else Policy
+            problems.append(f"{key}: unknown key (known keys: {', '.join(model.model_fields)})")
+        else:
+            message = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{key}: {message} (got {err.get('input')!r})")
+    return f"{origin}: invalid remediation policy: " + "; ".join(problems)
