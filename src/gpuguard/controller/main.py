@@ -11,7 +11,7 @@ import threading
 from gpuguard.agent.metrics import serve
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
-from gpuguard.controller.providers import PROVIDERS
+from gpuguard.controller.providers import provider_for
 from gpuguard.kube.rest import load_api
 from gpuguard.remediation.policy import Policy, load_policy
 
@@ -34,7 +34,7 @@ def run_controller(args: argparse.Namespace) -> int:
     controller = Controller(
         api,
         policy,
-        PROVIDERS[args.provider](api),
+        provider_for(args.provider, api),
         namespace=args.namespace,
         identity=args.identity,
         dry_run=args.dry_run,

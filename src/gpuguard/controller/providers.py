@@ -57,4 +57,10 @@ class DeleteNodeProvider:
         return True
 
 
-PROVIDERS = {"karpenter": KarpenterProvider, "delete-node": DeleteNodeProvider}
+def provider_for(name: str, api: KubeApi) -> Provider:
+    """The provider registered under ``name`` (see controller/options.py for the names)."""
+    if name == "karpenter":
+        return KarpenterProvider(api)
+    if name == "delete-node":
+        return DeleteNodeProvider(api)
+    raise ValueError(f"unknown provider {name!r}")
