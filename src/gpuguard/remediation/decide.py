@@ -10,34 +10,13 @@ visited in sorted order, so the same input always gives the same plan.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from gpuguard.model import Action
 from gpuguard.remediation.breaker import next_breaker
-from gpuguard.remediation.budget import BudgetLedger
-from gpuguard.remediation.health import (
-    describe,
-    is_healthy,
-    is_unhealthy,
-    named_gpus,
-    tolerance_passed,
-)
-from gpuguard.remediation.ladder import choose_rung
-from gpuguard.remediation.model import (
-    BreakerState,
-    Decision,
-    DecisionKind,
-    Episode,
-    NodeObservation,
-    Phase,
-    Plan,
-    Resolution,
-    Step,
-)
+from gpuguard.remediation.health import is_healthy, is_unhealthy
+from gpuguard.remediation.lifecycle import PlanBuilder
+from gpuguard.remediation.model import BreakerState, Episode, NodeObservation, Phase, Plan
 from gpuguard.remediation.policy import Policy
-
-Kind = DecisionKind
 
 
 def decide(
@@ -55,9 +34,10 @@ def decide(
     ``episodes``: the open episodes by node; ``history``: closed ones (lemons, breaker).
     The plan's episodes are every open or just-closed episode, by node.
     """
-    run = _Run(nodes, episodes, history, breaker, policy, now)
+    run = PlanBuilder(nodes, episodes, history, breaker, policy, now)
     work = {n: _copy(e) for n, e in sorted(episodes.items()) if e.phase is not Phase.CLOSED}
     opened_now: set[str] = set()
+    # 1. Quarantine every newly unhealthy node: taints are never limited or paused.
     for name in sorted(nodes):
         node = nodes[name]
         if name in work or not node.exists or node.excluded or node.do_not_disrupt:
@@ -68,11 +48,13 @@ def decide(
         elif is_healthy(node, policy, now):
             run.clear_leftovers(node)
 
+    # 2. The breaker counts the episodes just opened: a storm is stopped in its first call.
     opened = [e.opened_at for e in work.values()] + [e.opened_at for e in history]
     run.breaker, breaker_notes = next_breaker(
         breaker, opened, len(nodes), policy.breaker, now, reset=breaker_reset
     )
     run.notes.extend(breaker_notes)
+    # 3. Advance every open episode, in node order (budget slots go in that order).
     for name, episode in sorted(work.items()):
         run.advance(episode, nodes.get(name), restore_taint=name not in opened_now)
 
@@ -82,250 +64,3 @@ def decide(
 
 def _copy(episode: Episode) -> Episode:
     return dataclasses.replace(episode, attempts=dict(episode.attempts), steps=list(episode.steps))
-
-
-def _label(episode: Episode) -> str:
-    return f"{episode.rung} attempt {episode.attempt}"
-
-
-class _Run:
-    """The state of one ``decide`` call: decisions by node, notes, breaker, budget."""
-
-    def __init__(
-        self,
-        nodes: Mapping[str, NodeObservation],
-        episodes: Mapping[str, Episode],
-        history: Sequence[Episode],
-        breaker: BreakerState,
-        policy: Policy,
-        now: float,
-    ) -> None:
-        self.history = history
-        self.breaker = breaker  # replaced by this call's breaker before any episode advances
-        self.policy = policy
-        self.now = now
-        self.ledger = BudgetLedger(nodes, episodes, policy.budget)
-        self.decisions: dict[str, list[Decision]] = defaultdict(list)
-        self.notes: list[str] = []
-
-    # -- writing ---------------------------------------------------------------------
-
-    def emit(
-        self,
-        kind: DecisionKind,
-        node: str,
-        reason: str,
-        *,
-        action: Action | None = None,
-        gpus: tuple[str, ...] = (),
-        attempt: int = 0,
-    ) -> None:
-        self.decisions[node].append(Decision(kind, node, reason, action, gpus, attempt))
-
-    def record(self, episode: Episode, message: str, phase: Phase | None = None) -> None:
-        """Change phase (if given), add a step, and write it ahead of its actions."""
-        if phase is not None and phase is not episode.phase:
-            episode.phase = phase
-            episode.phase_since = self.now
-        episode.steps.append(Step(self.now, episode.phase, message))
-        self.emit(Kind.RECORD, episode.node, message)
-        self.ledger.update(episode.node, episode)
-
-    def note(self, node: str, message: str) -> None:
-        self.notes.append(f"{node}: {message}")
-
-    # -- opening and closing -----------------------------------------------------------
-
-    def open(self, node: NodeObservation) -> Episode:
-        episode = Episode(node=node.name, opened_at=self.now, phase_since=self.now)
-        self.record(episode, f"quarantined: {describe(node)}")
-        if not node.tainted:
-            self.emit(Kind.TAINT, node.name, f"unhealthy: {describe(node)}")
-        return episode
-
-    def clear_leftovers(self, node: NodeObservation) -> None:
-        """A healthy node with no episode keeps nothing of ours (a close cut short)."""
-        if node.tainted:
-            self.emit(Kind.UNTAINT, node.name, "healthy, no open episode: leftover taint")
-        if node.cordoned_by_us:
-            self.emit(Kind.UNCORDON, node.name, "healthy, no open episode: leftover cordon")
-
-    def close(
-        self, episode: Episode, resolution: Resolution, why: str, node: NodeObservation | None
-    ) -> None:
-        episode.closed_at = self.now
-        episode.resolution = resolution
-        self.record(episode, f"closed {resolution}: {why}", Phase.CLOSED)
-        if node is None:
-            return
-        self.emit(Kind.UNTAINT, node.name, f"{resolution}: {why}")
-        if episode.cordoned_by_us or node.cordoned_by_us:
-            self.emit(Kind.UNCORDON, node.name, f"{resolution}: {why}")
-
-    # -- the episode's life cycle ------------------------------------------------------
-
-    def advance(
-        self, episode: Episode, node: NodeObservation | None, *, restore_taint: bool
-    ) -> None:
-        if node is None or not node.exists:
-            gone = Resolution.REPLACED if episode.rung is Action.REPLACE else Resolution.GONE
-            self.close(episode, gone, "the Node no longer exists", None)
-            return
-        if node.excluded or node.do_not_disrupt:
-            self.note(node.name, "excluded or do-not-disrupt: open episode left as it is")
-            return
-        handler = {
-            Phase.QUARANTINED: self.quarantined,
-            Phase.DRAINING: self.draining,
-            Phase.ACTING: self.acting,
-            Phase.VERIFYING: self.verifying,
-        }[episode.phase]
-        handler(episode, node)
-        if restore_taint and episode.phase is not Phase.CLOSED and not node.tainted:
-            self.emit(Kind.TAINT, node.name, "open episode: restoring the missing taint")
-
-    def quarantined(self, episode: Episode, node: NodeObservation) -> None:
-        now, policy = self.now, self.policy
-        if is_healthy(node, policy, now):
-            tried = episode.rung is not None
-            resolution = Resolution.REPAIRED if tried else Resolution.TRANSIENT
-            self.close(episode, resolution, f"healthy for {policy.clear_after_s:g}s", node)
-        elif episode.exhausted or not is_unhealthy(node, policy, now):
-            return
-        elif episode.rung is not None or tolerance_passed(node, episode, policy, now):
-            why = "persistent" if episode.rung is None else f"after {_label(episode)}"
-            self.try_start(episode, node, f"{why}: {describe(node)}")
-
-    def draining(self, episode: Episode, node: NodeObservation) -> None:
-        if is_healthy(node, self.policy, self.now):
-            self.close(episode, Resolution.REPAIRED, f"healthy before {_label(episode)}", node)
-        elif self.breaker.open:
-            self.note(node.name, f"drain for {_label(episode)} paused: circuit breaker open")
-        elif node.pods_to_move == 0:
-            self.record(episode, f"drained: requesting {_label(episode)}", Phase.ACTING)
-            self.request(episode)
-        elif self.now - episode.phase_since > self.policy.drain_timeout_s:
-            self.drain_timed_out(episode, node)
-        else:
-            reason = f"draining for {_label(episode)}: {node.pods_to_move} pods left"
-            self.emit(Kind.EVICT_PODS, node.name, reason, gpus=episode.gpus)
-
-    def drain_timed_out(self, episode: Episode, node: NodeObservation) -> None:
-        why = f"drain for {_label(episode)} timed out after {self.policy.drain_timeout_s:g}s"
-        if self.policy.on_drain_timeout == "force":
-            self.record(episode, f"{why}: deleting the remaining pods", Phase.ACTING)
-            self.emit(
-                Kind.KILL_PODS,
-                node.name,
-                why,
-                action=episode.rung,
-                gpus=episode.gpus,
-                attempt=episode.attempt,
-            )
-            self.request(episode)
-            return
-        uncordon = episode.cordoned_by_us or node.cordoned_by_us
-        episode.cordoned_by_us = False
-        self.record(episode, f"{why}: attempt given up", Phase.QUARANTINED)
-        if uncordon:
-            self.emit(Kind.UNCORDON, node.name, why)
-
-    def acting(self, episode: Episode, node: NodeObservation) -> None:
-        label = _label(episode)
-        if episode.rung is Action.KILL_JOB:
-            self.record(episode, f"{label} done: verifying", Phase.VERIFYING)
-            return
-        result = episode.action_result
-        if result is not None and (result.attempt, result.action) != (
-            episode.attempt,
-            episode.rung,
-        ):
-            result = None  # an answer to an earlier attempt
-        if result is not None and not result.succeeded:
-            self.try_start(episode, node, f"{label} failed: {result.message or 'no message'}")
-        elif result is not None and episode.rung is not Action.REPLACE:
-            self.record(episode, f"{label} succeeded: verifying", Phase.VERIFYING)
-        elif self.now - episode.phase_since > self.policy.action_timeout_s:
-            timeout = self.policy.action_timeout_s
-            self.try_start(episode, node, f"{label} not done within {timeout:g}s")
-        elif False:
-            self.note(node.name, f"{label} not re-sent: circuit breaker open")
-        else:
-            self.request(episode)
-
-    def verifying(self, episode: Episode, node: NodeObservation) -> None:
-        fresh = node.reported_at is not None and node.reported_at > episode.phase_since
-        if fresh and is_healthy(node, self.policy, self.now):
-            self.close(episode, Resolution.REPAIRED, f"healthy after {_label(episode)}", node)
-        elif self.now - episode.phase_since > self.policy.verify_timeout_s:
-            timeout = self.policy.verify_timeout_s
-            why = f"not healthy {timeout:g}s after {_label(episode)}: {describe(node)}"
-            self.try_start(episode, node, why)
-
-    # -- climbing the ladder -----------------------------------------------------------
-
-    def try_start(self, episode: Episode, node: NodeObservation, why: str) -> None:
-        """Start the next rung, or wait in QUARANTINED saying why (a step when it changes)."""
-        choice = choose_rung(episode, node, self.history, self.policy, self.now)
-        if choice.rung is None:
-            self.note(node.name, choice.why)
-            newly_exhausted = choice.exhausted and not episode.exhausted
-            episode.exhausted = episode.exhausted or choice.exhausted
-            self.settle(episode, f"{why}; {choice.why}", changed=newly_exhausted)
-            return
-        blocker = self.gate(episode, node, choice.rung)
-        if blocker:
-            self.note(node.name, f"{choice.rung} waits: {blocker}")
-            self.settle(episode, f"{why}; {choice.rung} waits: {blocker}", changed=False)
-            return
-        self.start(episode, node, choice.rung, f"{why}; {choice.why}")
-
-    def settle(self, episode: Episode, message: str, *, changed: bool) -> None:
-        """Back to (or stay in) QUARANTINED, taint kept; a step only when that changes."""
-        if changed or episode.phase is not Phase.QUARANTINED:
-            self.record(episode, message, Phase.QUARANTINED)
-
-    def gate(self, episode: Episode, node: NodeObservation, rung: Action) -> str:
-        last = episode.last_action_at
-        if last is not None and self.now - last < self.policy.min_action_interval_s:
-            return f"last action {self.now - last:g}s ago (minimum interval)"
-        if self.breaker.open:
-            return "circuit breaker open"
-        if rung >= Action.RESET_GPU and not self.ledger.has_room(node.name):
-            pool = node.pool or "(unlabelled)"
-            allowed = self.ledger.allowed(node.pool)
-            return f"budget: {self.ledger.in_use(node.pool)} of {allowed} in pool {pool} busy"
-        return ""
-
-    def start(self, episode: Episode, node: NodeObservation, rung: Action, why: str) -> None:
-        episode.rung = rung
-        episode.attempts[rung] = episode.attempts.get(rung, 0) + 1
-        episode.last_action_at = self.now
-        episode.gpus = named_gpus(node) if rung <= Action.RESET_GPU else ()
-        label, gpus, attempt = _label(episode), episode.gpus, episode.attempt
-        where = ", ".join(gpus) or "every GPU"
-        if rung is Action.KILL_JOB:
-            self.record(episode, f"{why}: {label}: killing the pods on {where}", Phase.ACTING)
-            self.emit(Kind.KILL_PODS, node.name, label, action=rung, gpus=gpus, attempt=attempt)
-        elif rung is Action.RESET_GPU:
-            self.record(episode, f"{why}: {label}: draining {where}", Phase.DRAINING)
-            self.emit(Kind.EVICT_PODS, node.name, label, gpus=gpus)
-        else:
-            cordon = not node.unschedulable
-            episode.cordoned_by_us = episode.cordoned_by_us or cordon
-            self.record(episode, f"{why}: {label}: cordoning and draining", Phase.DRAINING)
-            if cordon:
-                self.emit(Kind.CORDON, node.name, label)
-            self.emit(Kind.EVICT_PODS, node.name, label)
-
-    def request(self, episode: Episode) -> None:
-        """Ask for the rung's action; re-sent each call until answered (idempotent)."""
-        kind = Kind.REPLACE if episode.rung is Action.REPLACE else Kind.REQUEST_ACTION
-        self.emit(
-            kind,
-            episode.node,
-            _label(episode),
-            action=episode.rung,
-            gpus=episode.gpus,
-            attempt=episode.attempt,
-        )
