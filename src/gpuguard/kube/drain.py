@@ -10,7 +10,8 @@ it and does not count our repair against the job's ``backoffLimit``.
 Pods are picked as ``kubectl drain`` does: DaemonSet pods (recreated on the spot) and
 mirror pods (static, owned by the kubelet) are skipped, and so are pods already terminating
 or finished. Every delete carries the pod's UID as a precondition, so a StatefulSet pod
-recreated under the same name is never hit by a call meant for its predecessor.
+recreated under the same name (perhaps on a healthy node) is never hit by a call meant for
+its predecessor.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from gpuguard.remediation.model import GPU_IDS_ANNOTATION
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 DISRUPTION_TARGET = "DisruptionTarget"
 KILL_REASON = "DeletionByGpuguard"
+# The API server retries an eviction's UID conflict for about ten seconds before it answers.
+EVICTION_TIMEOUT_S = 30.0
 _GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-.+)$")
 _PCI_BUS_ID = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 
@@ -130,24 +133,26 @@ def evictable_count(api: KubeApi, node: str, gpus: Collection[str] = ()) -> int:
 
 def evict(api: KubeApi, pod: Json, *, grace_period_s: int | None = None) -> EvictionOutcome:
     """One Eviction. Connection failures raise :class:`KubeUnavailable` (stop the pass);
-    answers from the server become an outcome."""
-    metadata = pod["metadata"]
-    options: Json = {"preconditions": {"uid": metadata["uid"]}}
-    if grace_period_s is not None:
-        options["gracePeriodSeconds"] = grace_period_s
-    eviction = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
-        "deleteOptions": options,
-    }
-    path = PODS.path(metadata["name"], namespace=metadata["namespace"], sub="eviction")
+    answers from the server become an outcome.
+
+    The pod is read first: the API server counts an eviction against the budget before it
+    checks the delete's preconditions, so evicting a stale pod (replaced under the same
+    name) would spend a disruption the budget then lacks for a real one."""
+    current = _same_pod_now(api, pod)
+    if current is None:
+        return EvictionOutcome.GONE
+    if is_terminating(current) and grace_period_s is None:
+        return EvictionOutcome.EVICTED  # its deletion is already under way
     try:
-        api.create(path, eviction)
+        api.create(
+            _eviction_path(current),
+            _eviction(current, grace_period_s),
+            timeout_s=EVICTION_TIMEOUT_S,
+        )
     except KubeThrottled:
         return EvictionOutcome.BLOCKED
     except (KubeNotFound, KubeConflict):
-        return EvictionOutcome.GONE
+        return EvictionOutcome.GONE  # replaced in the instant since the read
     except KubeStatusError:
         return EvictionOutcome.FAILED
     return EvictionOutcome.EVICTED
@@ -215,13 +220,36 @@ def _movable(pod: Json) -> bool:
     return not (is_daemonset_pod(pod) or is_mirror_pod(pod) or is_finished(pod))
 
 
-def _is_gone(api: KubeApi, pod: Json) -> bool:
+def _eviction_path(pod: Json) -> str:
+    metadata = pod["metadata"]
+    return PODS.path(metadata["name"], namespace=metadata["namespace"], sub="eviction")
+
+
+def _eviction(pod: Json, grace_period_s: int | None) -> Json:
+    metadata = pod["metadata"]
+    options: Json = {"preconditions": {"uid": metadata["uid"]}}
+    if grace_period_s is not None:
+        options["gracePeriodSeconds"] = grace_period_s
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
+        "deleteOptions": options,
+    }
+
+
+def _same_pod_now(api: KubeApi, pod: Json) -> Json | None:
+    """The pod as it is now, or None when it is gone or another pod took its name."""
     metadata = pod["metadata"]
     try:
         now = api.get(PODS.path(metadata["name"], namespace=metadata["namespace"]))
     except KubeNotFound:
-        return True
-    return bool(now["metadata"].get("uid") != metadata["uid"])
+        return None
+    return now if now["metadata"].get("uid") == metadata["uid"] else None
+
+
+def _is_gone(api: KubeApi, pod: Json) -> bool:
+    return _same_pod_now(api, pod) is None
 
 
 def _pod_ref(pod: Json) -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, Listing
 from gpuguard.remediation.model import CORDONED_BY_US_ANNOTATION, TAINT_KEY
 
@@ -43,8 +45,48 @@ def slim_node(node: Json) -> Json:
 
 
 def list_nodes(api: KubeApi, *, label_selector: str = "") -> Listing:
-    """Every Node, slimmed page by page (the full objects never exist all at once)."""
-    return api.list(NODES.path(), label_selector=label_selector, project=slim_node)
+    """Every Node as :func:`slim_node` would shrink it, decoded straight into that shape:
+    the skipped fields (image lists, mostly) are never turned into Python objects, which
+    makes a 5,000-node list about ten times cheaper to parse than ``json.loads``."""
+    return api.list(NODES.path(), label_selector=label_selector, decode_page=_decode_node_page)
+
+
+class _Metadata(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    uid: str = ""
+    resourceVersion: str = ""  # field names are the API's spelling
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    creationTimestamp: str | None = None
+
+
+class _Spec(msgspec.Struct, omit_defaults=True):
+    taints: list[dict[str, Any]] = []
+    unschedulable: bool = False
+    providerID: str = ""
+
+
+class _Status(msgspec.Struct):
+    conditions: list[dict[str, Any]] = []
+
+
+class _SlimNode(msgspec.Struct):
+    metadata: _Metadata = msgspec.field(default_factory=_Metadata)
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+class _NodePage(msgspec.Struct):
+    items: list[_SlimNode] = []
+    metadata: dict[str, Any] = {}
+
+
+_NODE_PAGE = msgspec.json.Decoder(_NodePage)
+
+
+def _decode_node_page(content: bytes) -> Json:
+    page = _NODE_PAGE.decode(content)
+    return {"items": msgspec.to_builtins(page.items), "metadata": page.metadata}
 
 
 def get_node(api: KubeApi, name: str) -> Json:

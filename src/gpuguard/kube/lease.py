@@ -17,15 +17,18 @@ a candidate takes it on its next try.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable
 
 from gpuguard.errors import ConfigError
-from gpuguard.kube.errors import KubeUnavailable
+from gpuguard.kube.errors import KubeError, KubeUnavailable
 from gpuguard.kube.rest import LEASES, Json, KubeApi, KubeConflict, KubeNotFound
 from gpuguard.kube.times import format_micro_time
+
+log = logging.getLogger(__name__)
 
 
 class LeaderElector:
@@ -170,7 +173,12 @@ def run_leader_election(
     try:
         while not stop.is_set():
             now = clock()
-            if elector.try_acquire_or_renew(now) != leading:
+            try:
+                renewed = elector.try_acquire_or_renew(now)
+            except KubeError as exc:  # forbidden, invalid: keep trying, say why
+                log.warning("leader election on %s: %s", elector.path, exc)
+                renewed = elector.is_leader(now)
+            if renewed != leading:
                 leading = not leading
                 (on_started_leading if leading else on_stopped_leading)()
             # A failed renewal is retried soon, well inside the renew deadline.

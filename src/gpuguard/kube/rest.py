@@ -8,7 +8,8 @@ and lists page by page so a caller can shrink each item before the next page arr
 
 Errors are split by what the caller does next: :class:`KubeUnavailable` (connection, 5xx,
 429: retry later) and :class:`KubeRejected` (4xx: do not retry as is), with the statuses a
-caller must tell apart as subclasses (:class:`KubeNotFound`, :class:`KubeConflict`, ...).
+caller must tell apart as subclasses (:class:`KubeNotFound`, :class:`KubeConflict`, ...,
+defined in :mod:`gpuguard.kube.api_errors` and importable from here).
 """
 
 from __future__ import annotations
@@ -25,7 +26,37 @@ from lightkube import KubeConfig
 from lightkube.config.client_adapter import Client as http_client_for
 from lightkube.config.client_adapter import ConnectionParams
 
-from gpuguard.kube.errors import KubeError, KubeRejected, KubeUnavailable
+from gpuguard.kube.api_errors import (
+    KubeConflict,
+    KubeExpired,
+    KubeNotFound,
+    KubeRefused,
+    KubeServerError,
+    KubeStatusError,
+    KubeThrottled,
+    error_for,
+    status_error,
+)
+from gpuguard.kube.errors import KubeRejected, KubeUnavailable
+
+__all__ = [  # the errors are re-exported: callers import everything from here
+    "LEASES",
+    "NODES",
+    "PODS",
+    "Json",
+    "KubeApi",
+    "KubeConflict",
+    "KubeExpired",
+    "KubeNotFound",
+    "KubeRefused",
+    "KubeServerError",
+    "KubeStatusError",
+    "KubeThrottled",
+    "Listing",
+    "Resource",
+    "WatchEvent",
+    "load_api",
+]
 
 Json = dict[str, Any]
 PatchKind = Literal["merge", "strategic", "json"]
@@ -38,63 +69,6 @@ _PATCH_TYPES: dict[str, str] = {
     "strategic": "application/strategic-merge-patch+json",
     "json": "application/json-patch+json",
 }
-
-
-class KubeStatusError(KubeError):
-    """The API server answered with an error status; ``code`` and ``reason`` say which."""
-
-    def __init__(
-        self, message: str, *, code: int, reason: str = "", retry_after_s: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-
-
-class KubeRefused(KubeStatusError, KubeRejected):
-    """A 4xx other than the ones below (forbidden, invalid, ...)."""
-
-
-class KubeNotFound(KubeStatusError, KubeRejected):
-    """404: the object (or its namespace) does not exist."""
-
-
-class KubeConflict(KubeStatusError, KubeRejected):
-    """409: stale resourceVersion, failed precondition, or the object already exists."""
-
-
-class KubeExpired(KubeStatusError, KubeRejected):
-    """410: the resourceVersion or continue token is too old; list again."""
-
-
-class KubeThrottled(KubeStatusError, KubeUnavailable):
-    """429: rate limited, or an eviction a PodDisruptionBudget does not allow yet."""
-
-
-class KubeServerError(KubeStatusError, KubeUnavailable):
-    """5xx: the server failed; retry later."""
-
-
-def error_for(code: int, status: Mapping[str, Any]) -> KubeStatusError:
-    """The error for an HTTP status and the ``Status`` object the server sent with it."""
-    reason = str(status.get("reason") or "")
-    detail = f"{code} {reason or 'Error'}: {status.get('message') or ''}".rstrip(": ")
-    retry = (status.get("details") or {}).get("retryAfterSeconds")
-    kind: type[KubeStatusError]
-    if code == 404:
-        kind = KubeNotFound
-    elif code == 409:
-        kind = KubeConflict
-    elif code == 410:
-        kind = KubeExpired
-    elif code == 429:
-        kind = KubeThrottled
-    elif code >= 500:
-        kind = KubeServerError
-    else:
-        kind = KubeRefused
-    return kind(detail, code=code, reason=reason, retry_after_s=retry)
 
 
 @dataclass(frozen=True)
@@ -184,9 +158,9 @@ class KubeApi:
     def get(self, path: str, params: Mapping[str, str] | None = None) -> Json:
         return self._call("GET", path, params=params)
 
-    def create(self, path: str, body: Json) -> Json:
+    def create(self, path: str, body: Json, *, timeout_s: float | None = None) -> Json:
         """POST to a collection (or a subresource such as ``pods/x/eviction``)."""
-        return self._call("POST", path, body=body)
+        return self._call("POST", path, body=body, timeout_s=timeout_s)
 
     def replace(self, path: str, body: Json) -> Json:
         """PUT; a ``metadata.resourceVersion`` in ``body`` makes it conditional (409)."""
@@ -208,8 +182,12 @@ class KubeApi:
         field_selector: str = "",
         page_size: int = LIST_PAGE_SIZE,
         project: Callable[[Json], Json] | None = None,
+        decode_page: Callable[[bytes], Json] | None = None,
     ) -> Listing:
-        """Every item, ``page_size`` at a time; ``project`` shrinks each page's items."""
+        """Every item, ``page_size`` at a time; ``project`` shrinks each page's items.
+
+        ``decode_page`` replaces ``json.loads`` for each page (it must return ``items`` and
+        ``metadata``): a typed decoder that skips unread fields is far faster on Nodes."""
         params = _selectors(label_selector, field_selector)
         items: list[Json] = []
         token = ""
@@ -219,7 +197,7 @@ class KubeApi:
             if token:
                 page_params["continue"] = token
             try:
-                page = self._call("GET", path, params=page_params)
+                page = self._call("GET", path, params=page_params, decode=decode_page)
             except KubeExpired:
                 if restarted or not token:
                     raise
@@ -259,7 +237,7 @@ class KubeApi:
         try:
             with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.status_code >= 400:
-                    raise _status_error(response.status_code, response.read())
+                    raise status_error(response.status_code, response.read())
                 for line in response.iter_lines():
                     if not line.strip():
                         continue
@@ -279,6 +257,8 @@ class KubeApi:
         params: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        decode: Callable[[bytes], Json] | None = None,
+        timeout_s: float | None = None,
     ) -> Json:
         content = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}
@@ -286,24 +266,21 @@ class KubeApi:
             headers["Content-Type"] = content_type
         try:
             response = self._http.request(
-                method, path, params=params, content=content, headers=headers
+                method,
+                path,
+                params=params,
+                content=content,
+                headers=headers,
+                timeout=httpx2.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
             )
         except (httpx2.HTTPError, OSError) as exc:
             raise KubeUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 400:
-            raise _status_error(response.status_code, response.content)
+            raise status_error(response.status_code, response.content)
+        if decode is not None:
+            return decode(response.content)
         answer = json.loads(response.content) if response.content else {}
         return answer if isinstance(answer, dict) else {"value": answer}
-
-
-def _status_error(code: int, content: bytes) -> KubeStatusError:
-    try:
-        status = json.loads(content)
-    except ValueError:
-        status = None
-    if not isinstance(status, dict):
-        status = {"message": content[:200].decode(errors="replace")}
-    return error_for(code, status)
 
 
 def _selectors(label_selector: str, field_selector: str) -> dict[str, str]:

@@ -1,0 +1,201 @@
+"""NodeRemediation objects on a real kube-apiserver: the chart's CRD, exact round trips of
+an Episode, the kubectl columns, and the request/result exchange with a node's agent."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from gpuguard.kube import remediations
+from gpuguard.kube.rest import KubeApi, KubeConflict, KubeRefused, Resource, load_api
+from gpuguard.model import Action
+from gpuguard.remediation.model import ActionResult, Episode, Phase, Resolution, Step
+from tests.support.controlplane import REPO, ControlPlane
+
+CRD_FILE = REPO / "deploy" / "helm" / "gpuguard" / "crds" / "noderemediations.yaml"
+CRDS = Resource("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions")
+T0 = 1_795_978_800.0  # 2026-11-29T19:00:00Z
+
+
+@pytest.fixture(scope="module")
+def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
+    with load_api(control_plane.admin_kubeconfig) as client:
+        crd = yaml.safe_load(CRD_FILE.read_text())
+        with contextlib.suppress(KubeConflict):  # applied by an earlier module
+            client.create(CRDS.path(), crd)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            status = client.get(CRDS.path(crd["metadata"]["name"])).get("status", {})
+            if any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in status.get("conditions") or []
+            ):
+                break
+            time.sleep(0.1)
+        yield client
+
+
+def node_name() -> str:
+    return f"gpu-{uuid.uuid4().hex[:8]}"
+
+
+def full_episode(node: str) -> Episode:
+    now = time.time()  # a float with every bit used: the round trip must keep them all
+    return Episode(
+        node=node,
+        opened_at=T0 + 0.123456789,
+        phase=Phase.VERIFYING,
+        rung=Action.REBOOT,
+        attempts={Action.RESET_GPU: 2, Action.REBOOT: 1},
+        phase_since=now,
+        last_action_at=now - 61.5,
+        action_result=ActionResult(
+            attempt=1, action=Action.REBOOT, succeeded=True, at=now - 1, message="rebooted"
+        ),
+        cordoned_by_us=True,
+        gpus=("0000:91:00.0", "0000:1a:00.0"),
+        exhausted=False,
+        closed_at=None,
+        resolution=None,
+        steps=[
+            Step(at=T0, phase=Phase.QUARANTINED, message="XID_79 on 0000:91:00.0: tainted"),
+            Step(at=now - 62, phase=Phase.DRAINING, message="cordoned; evicting 3 pods"),
+            Step(at=now, phase=Phase.VERIFYING, message="reboot done; waiting for a report"),
+        ],
+    )
+
+
+def stored(api: KubeApi, ep: Episode) -> dict:
+    name = remediations.object_name(ep.node, ep.opened_at)
+    return api.get(remediations.NODE_REMEDIATIONS.path(name))
+
+
+def test_episode_round_trips_exactly_through_the_api_server(api):
+    ep = full_episode(node_name())
+    assert remediations.episode_from_object(remediations.episode_to_object(ep)) == ep
+
+    remediations.save_episode(api, ep)
+    obj = stored(api, ep)
+    assert obj["metadata"]["name"] == f"{ep.node}-{int(T0)}"
+    assert obj["spec"] == {"nodeName": ep.node, "openedAt": "2026-11-29T19:00:00.1234567Z"}
+    assert remediations.episode_from_object(obj) == ep
+
+    version = obj["metadata"]["resourceVersion"]
+    remediations.save_episode(api, ep)  # idempotent: the same fields, no new version
+    assert stored(api, ep)["metadata"]["resourceVersion"] == version
+
+    ep.phase = Phase.CLOSED
+    ep.closed_at = time.time()
+    ep.resolution = Resolution.REPAIRED
+    ep.rung = None  # cleared fields are removed, not left behind
+    ep.attempts = {Action.REBOOT: 1}
+    ep.last_action_at = None
+    ep.gpus = ()
+    ep.steps.append(Step(at=ep.closed_at, phase=Phase.CLOSED, message="healthy; untainted"))
+    remediations.save_episode(api, ep)
+    assert remediations.episode_from_object(stored(api, ep)) == ep
+
+
+def test_a_minimal_episode_round_trips_too(api):
+    ep = Episode(node=node_name(), opened_at=T0)
+    remediations.save_episode(api, ep)
+    assert remediations.episode_from_object(stored(api, ep)) == ep
+
+
+def test_list_episodes_splits_open_from_closed(api):
+    node = node_name()
+    old = Episode(node=node, opened_at=T0, phase=Phase.CLOSED, closed_at=T0 + 60)
+    old.resolution = Resolution.TRANSIENT
+    current = Episode(node=node, opened_at=T0 + 3600, phase=Phase.DRAINING, rung=Action.REBOOT)
+    for ep in (old, current):
+        remediations.save_episode(api, ep)
+
+    open_by_node, closed = remediations.list_episodes(api)
+
+    assert open_by_node[node] == current
+    assert old in closed
+
+
+def test_the_schema_rejects_what_the_controller_would_never_write(api):
+    ep = Episode(node=node_name(), opened_at=T0)
+    remediations.save_episode(api, ep)
+    name = remediations.object_name(ep.node, ep.opened_at)
+    path = remediations.NODE_REMEDIATIONS.path(name, sub="status")
+    with pytest.raises(KubeRefused) as bad_phase:
+        api.patch(path, {"status": {"phase": "Rebooting"}})
+    assert bad_phase.value.code == 422
+    with pytest.raises(KubeRefused, match="date-time"):
+        api.patch(path, {"status": {"closedAt": "yesterday"}})
+    with pytest.raises(KubeRefused, match="immutable"):
+        api.patch(remediations.NODE_REMEDIATIONS.path(name), {"spec": {"nodeName": "other"}})
+
+
+def test_kubectl_columns(api, control_plane):
+    ep = full_episode(node_name())
+    remediations.save_episode(api, ep)
+    name = remediations.object_name(ep.node, ep.opened_at)
+    request = urllib.request.Request(
+        f"{control_plane.url}{remediations.NODE_REMEDIATIONS.path(name)}",
+        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+    )
+    with urllib.request.urlopen(request, context=control_plane.ssl_context()) as answer:
+        table = yaml.safe_load(answer.read())
+
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    assert columns == ["Name", "Node", "Phase", "Rung", "Attempt", "Resolution", "Age", "Last"]
+    cells = table["rows"][0]["cells"]
+    assert cells[:6] == [name, ep.node, "Verifying", "REBOOT", 1, None]
+    assert cells[7] == "reboot done; waiting for a report"
+
+
+def test_request_and_result_between_controller_and_agent(api):
+    ep = Episode(node=node_name(), opened_at=T0, phase=Phase.ACTING, rung=Action.RESET_GPU)
+    ep.attempts = {Action.RESET_GPU: 1}
+    remediations.save_episode(api, ep)
+    name = remediations.object_name(ep.node, ep.opened_at)
+    assert remediations.pending_request_for(api, ep.node) is None
+
+    gpus = ("0000:91:00.0",)
+    assert remediations.set_request(api, ep, Action.RESET_GPU, 1, gpus, now=T0 + 100.25)
+    assert not remediations.set_request(api, ep, Action.RESET_GPU, 1, gpus, now=T0 + 200)
+    assert remediations.read_result(api, ep) is None
+
+    pending = remediations.pending_request_for(api, ep.node)
+    assert pending == (
+        name,
+        remediations.ActionRequest(Action.RESET_GPU, 1, gpus, requested_at=T0 + 100.25),
+    )
+    assert remediations.pending_request_for(api, node_name()) is None  # other nodes: none
+
+    answer = ActionResult(attempt=1, action=Action.RESET_GPU, succeeded=False, at=T0 + 130.5)
+    remediations.report_result(api, name, answer)
+    assert remediations.pending_request_for(api, ep.node) is None
+    assert remediations.read_result(api, ep) == answer
+
+    ep.steps.append(Step(at=T0 + 131, phase=Phase.ACTING, message="reset failed"))
+    remediations.save_episode(api, ep)  # the controller's save keeps the agent's answer
+    reread = remediations.episode_from_object(stored(api, ep))
+    assert reread.action_result == answer
+    assert stored(api, ep)["status"]["request"]["requestedAt"] == "2026-11-29T19:01:40.25Z"
+
+    # Next attempt: a new request, the old answer no longer counts for it.
+    ep.attempts[Action.RESET_GPU] = 2
+    assert remediations.set_request(api, ep, Action.RESET_GPU, 2, gpus, now=T0 + 300)
+    assert remediations.read_result(api, ep) is None
+    pending = remediations.pending_request_for(api, ep.node)
+    assert pending is not None
+    assert pending[1].attempt == 2
+
+
+def test_long_node_names_still_give_valid_object_names():
+    node = "n" * 250
+    name = remediations.object_name(node, T0)
+    assert len(name) <= 253
+    assert name.endswith(f"-{int(T0)}")
+    assert name != remediations.object_name(node[:-1] + "m", T0)  # differ past the cut

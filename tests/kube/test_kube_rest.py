@@ -1,0 +1,258 @@
+"""The raw-JSON REST layer against a real kube-apiserver: verbs, paging, watches, errors,
+and the three ways of authenticating (client certificate, token, in-cluster files)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx2
+import pytest
+import yaml
+
+from gpuguard.kube.errors import KubeRejected, KubeUnavailable
+from gpuguard.kube.rest import (
+    NODES,
+    KubeApi,
+    KubeConflict,
+    KubeNotFound,
+    KubeRefused,
+    Resource,
+    WatchEvent,
+    load_api,
+)
+from gpuguard.kube.watch import Snapshot, list_then_watch
+from tests.support.controlplane import ControlPlane, free_port
+
+CONFIGMAPS = Resource("/api/v1", "configmaps", namespaced=True)
+CRDS = Resource("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions")
+
+
+@pytest.fixture
+def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
+    with load_api(control_plane.admin_kubeconfig) as client:
+        yield client
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    name = f"rest-{uuid.uuid4().hex[:8]}"
+    control_plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def configmap(name: str, **data: str) -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+
+
+def test_verbs_return_dicts_and_errors_are_split_by_status(api, namespace):
+    collection = CONFIGMAPS.path(namespace=namespace)
+    path = CONFIGMAPS.path("one", namespace=namespace)
+    created = api.create(collection, configmap("one", a="1"))
+    assert created["data"] == {"a": "1"}
+    assert api.get(path)["metadata"]["uid"] == created["metadata"]["uid"]
+
+    api.patch(path, {"data": {"b": "2"}})
+    api.patch(path, {"data": {"c": "3"}}, "strategic")
+    api.patch(path, [{"op": "remove", "path": "/data/a"}], "json")
+    assert api.get(path)["data"] == {"b": "2", "c": "3"}
+
+    stale = {**created, "data": {"stale": "yes"}}  # carries the first resourceVersion
+    with pytest.raises(KubeConflict) as conflict:
+        api.replace(path, stale)
+    assert conflict.value.code == 409
+    with pytest.raises(KubeConflict) as exists:
+        api.create(collection, configmap("one"))
+    assert exists.value.reason == "AlreadyExists"
+    with pytest.raises(KubeNotFound):
+        api.get(CONFIGMAPS.path("absent", namespace=namespace))
+    with pytest.raises(KubeRefused) as invalid:
+        api.create(collection, configmap("Not_A_Name"))
+    assert invalid.value.code == 422
+    assert isinstance(invalid.value, KubeRejected)
+
+    api.delete(path)
+    with pytest.raises(KubeNotFound):
+        api.delete(path)
+
+
+def test_list_pages_through_every_item_and_projects_each(control_plane, namespace):
+    requests: list[httpx2.Request] = []
+    api = load_api(control_plane.admin_kubeconfig)
+    api._http.event_hooks = {"request": [requests.append]}
+    for index in range(23):
+        api.create(CONFIGMAPS.path(namespace=namespace), configmap(f"cm-{index:02d}", i=str(index)))
+
+    listing = api.list(
+        CONFIGMAPS.path(namespace=namespace),
+        page_size=5,
+        project=lambda item: {"name": item["metadata"]["name"]},
+    )
+
+    assert [item["name"] for item in listing.items] == [f"cm-{i:02d}" for i in range(23)]
+    assert int(listing.resource_version) > 0
+    pages = [r for r in requests if r.method == "GET"]
+    assert len(pages) == 5
+    assert all(r.url.params["limit"] == "5" for r in pages)
+    api.close()
+
+
+def test_list_then_watch_gives_snapshot_then_changes_without_bookmarks(api, namespace):
+    api.create(CONFIGMAPS.path(namespace=namespace), configmap("before"))
+    stop = threading.Event()
+    seen: list[Snapshot | WatchEvent] = []
+
+    def follow() -> None:
+        for change in list_then_watch(
+            api, CONFIGMAPS.path(namespace=namespace), stop=stop, watch_timeout_s=4
+        ):
+            seen.append(change)
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    wait_until(lambda: seen, "the snapshot")
+    collection = CONFIGMAPS.path(namespace=namespace)
+    api.create(collection, configmap("after"))
+    api.patch(CONFIGMAPS.path("after", namespace=namespace), {"data": {"x": "1"}})
+    api.delete(CONFIGMAPS.path("before", namespace=namespace))
+    advance_the_watch_cache(api, collection)
+    time.sleep(5)  # past one watch timeout: the iterator re-watches from where it was
+    api.create(collection, configmap("later"))
+    wait_until(lambda: len(seen) == 5, "four events")
+    stop.set()
+    api.close()  # ends the blocked read at once; the iterator returns quietly
+    thread.join(5)
+    assert not thread.is_alive()
+
+    snapshot = seen[0]
+    assert isinstance(snapshot, Snapshot)
+    assert [item["metadata"]["name"] for item in snapshot.items] == ["before"]
+    events = [(e.type, e.object["metadata"]["name"]) for e in seen[1:]]  # type: ignore[union-attr]
+    assert events == [
+        ("ADDED", "after"),
+        ("MODIFIED", "after"),
+        ("DELETED", "before"),
+        ("ADDED", "later"),
+    ]
+
+
+def test_raw_watch_delivers_bookmarks(api, namespace):
+    collection = CONFIGMAPS.path(namespace=namespace)
+    version = api.list(collection).resource_version
+
+    def poke() -> None:
+        time.sleep(0.5)
+        advance_the_watch_cache(api, collection)
+
+    threading.Thread(target=poke, daemon=True).start()
+    events = list(api.watch(collection, resource_version=version, timeout_s=4))
+    assert events
+    assert {event.type for event in events} == {"BOOKMARK"}  # one or two, by timing
+    assert int(events[-1].resource_version) > int(version)
+
+
+def test_watch_from_a_version_the_cache_no_longer_has_relists(api):
+    # A new kind's watch cache starts at the version it was created at: anything older is
+    # 410 Gone, exactly what a watch sees after etcd's compaction window has passed.
+    group = f"g{uuid.uuid4().hex[:6]}.test.gpuguard.io"
+    api.create(
+        CRDS.path(),
+        {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"widgets.{group}"},
+            "spec": {
+                "group": group,
+                "scope": "Cluster",
+                "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {"openAPIV3Schema": {"type": "object"}},
+                    }
+                ],
+            },
+        },
+    )
+    widgets = Resource(f"/apis/{group}/v1", "widgets")
+    widget = {"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    wait_until(lambda: try_create(api, widgets.path(), widget), "the new kind to be served")
+
+    changes = list_then_watch(api, widgets.path(), resource_version="1", watch_timeout_s=2)
+    first = next(changes)
+    changes.close()
+
+    assert isinstance(first, Snapshot)
+    assert [item["metadata"]["name"] for item in first.items] == ["w"]
+    api.delete(CRDS.path(f"widgets.{group}"))
+
+
+def test_a_closed_port_is_unavailable_not_rejected(control_plane, tmp_path):
+    config = control_plane.kubeconfig_for_admin()
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(KubeUnavailable), load_api(path, timeout_s=2) as api:
+        api.get(NODES.path())
+
+
+def test_bad_credentials_file_is_rejected(tmp_path):
+    with pytest.raises(KubeRejected, match="credentials"):
+        load_api(tmp_path / "missing")
+
+
+def test_in_cluster_service_account_files_and_rbac(control_plane, namespace, tmp_path, monkeypatch):
+    control_plane.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        {"metadata": {"name": "reader"}},
+    )
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text(control_plane.service_account_token(namespace, "reader"))
+    (account / "namespace").write_text(namespace)
+    (account / "ca.crt").write_bytes(control_plane.certs.path("ca.crt").read_bytes())
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(control_plane.port))
+
+    with load_api(None, service_account_dir=account) as api:
+        with pytest.raises(KubeRefused) as forbidden:
+            api.list(NODES.path())
+        assert forbidden.value.code == 403
+        # Every authenticated account may ask who it is.
+        review = api.create(
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        )
+    assert review["status"]["userInfo"]["username"] == (f"system:serviceaccount:{namespace}:reader")
+
+
+def advance_the_watch_cache(api: KubeApi, collection: str) -> None:
+    """Bookmarks carry a version newer than the watcher's: a write elsewhere, then a
+    consistent read of the watched kind (which makes its cache catch up with etcd)."""
+    name = f"bookmark-{uuid.uuid4().hex[:6]}"
+    api.create(NODES.path(), {"metadata": {"name": name}})
+    api.delete(NODES.path(name))
+    api.list(collection)
+
+
+def try_create(api: KubeApi, path: str, body: dict[str, object]) -> bool:
+    try:
+        api.create(path, body)
+    except (KubeNotFound, KubeUnavailable):
+        return False
+    return True
+
+
+def wait_until(predicate, what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
