@@ -91,3 +91,27 @@ def test_a_garbled_report_recommends_nothing():
 def test_times_round_trip():
     assert format_time(parse_time("2026-11-29T19:00:00Z")) == "2026-11-29T19:00:00Z"
     assert parse_time("yesterday") is None and parse_time(None) is None
+
+
+def test_degraded_layer_that_asks_for_a_repair_counts_as_unhealthy():
+    raw = node()
+    raw["status"]["conditions"][1].update(status="True", reason="DegradedXid13")
+    raw["metadata"]["annotations"]["gpuguard.io/report"] = json.dumps(
+        {
+            "reportedAt": "2026-11-29T19:00:05Z",
+            "layers": {
+                "gpu": {
+                    "status": "Degraded",
+                    "action": "KILL_JOB",
+                    "codes": ["XID_13"],
+                    "gpus": ["0000:38:00.0"],
+                }
+            },
+        }
+    )
+    gpu = project_node(raw, "pool").layers["gpu"]
+    assert (gpu.status, gpu.action) == ("False", Action.KILL_JOB)
+    raw["metadata"]["annotations"]["gpuguard.io/report"] = json.dumps(
+        {"layers": {"gpu": {"status": "Degraded", "action": "NONE"}}}
+    )
+    assert project_node(raw, "pool").layers["gpu"].status == "True"  # throttling: no repair

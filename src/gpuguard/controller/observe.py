@@ -39,11 +39,18 @@ def project_node(node: Mapping[str, Any], pool_label: str) -> NodeObservation:
         if layer is None:
             continue
         reported = report.get("layers", {}).get(layer, {})
+        action = _action(reported.get("action"))
+        status = str(condition.get("status", "Unknown"))
+        if status == "True" and reported.get("status") == "Degraded" and action > Action.NONE:
+            # Degraded but asking for a repair (a job's fault: kill it; a pending row remap:
+            # reset). The condition stays True so Karpenter never replaces a node for a
+            # job's bug; to the policy it is a problem to work on.
+            status = "False"
         layers[layer] = LayerReport(
-            status=str(condition.get("status", "Unknown")),
+            status=status,
             reason=str(condition.get("reason", "")),
             since=parse_time(condition.get("lastTransitionTime")) or 0.0,
-            action=_action(reported.get("action")),
+            action=action,
             codes=tuple(reported.get("codes") or ()),
             gpus=tuple(reported.get("gpus") or ()),
         )

@@ -1,0 +1,393 @@
+"""The remediation controller end to end on the real API server.
+
+Most tests write the agent's part directly (conditions and the report annotation, as the
+agent does); the rung tests run the real agent on a bundle whose kernel log the test
+appends to, with the bundle repair backend carrying out resets and reboots.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuguard.agent.daemon import Agent
+from gpuguard.agent.follow import FileFollower
+from gpuguard.agent.repair import BundleRepair, RepairExecutor
+from gpuguard.checks.registry import default_checks
+from gpuguard.config import Config
+from gpuguard.controller.loop import Controller
+from gpuguard.controller.providers import provider_for
+from gpuguard.kube.client import NodeApi, load_client
+from gpuguard.kube.remediations import NODE_REMEDIATIONS
+from gpuguard.kube.rest import KubeApi, load_api
+from gpuguard.remediation.policy import Policy
+from gpuguard.sources import BundleSources
+from tests.support.cluster import (
+    finish_terminating_pods,
+    install_crds,
+    make_node,
+    make_pod,
+    set_health,
+    wait_for,
+)
+from tests.support.controlplane import ControlPlane
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+POOL = "karpenter.sh/nodepool"
+FAST_POLICY: dict[str, Any] = {
+    "tolerance_s": 0,
+    "clear_after_s": 1,
+    "min_action_interval_s": 0,
+    "drain_timeout_s": 4,
+    "action_timeout_s": 10,
+    "verify_timeout_s": 4,
+    # Tests share one API server: only the storm test may trip the breaker.
+    "breaker": {"min_nodes": 1000},
+}
+XID = "NVRM: Xid (PCI:0000:91:00): {code}, pid='<unknown>', name=<unknown>, {text}\n"
+
+
+@pytest.fixture(scope="module")
+def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
+    with load_api(control_plane.admin_kubeconfig) as client:
+        install_crds(client)
+        yield client
+
+
+@pytest.fixture
+def namespace(api: KubeApi) -> Iterator[str]:
+    name = f"gg-{uuid.uuid4().hex[:8]}"
+    api.create(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    stop = threading.Event()
+    kubelet = threading.Thread(target=finish_terminating_pods, args=(api, name, stop), daemon=True)
+    kubelet.start()
+    yield name
+    stop.set()
+    kubelet.join(5)
+    api.delete(f"/api/v1/namespaces/{name}")
+
+
+class Running:
+    def __init__(self, target: Callable[[threading.Event], None]) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=target, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(15)
+
+
+@pytest.fixture
+def start_controller(api: KubeApi, namespace: str) -> Iterator[Callable[..., Controller]]:
+    running: list[Running] = []
+
+    def start(provider: str = "karpenter", dry_run: bool = False, **policy: Any) -> Controller:
+        controller = Controller(
+            api,
+            Policy(**{**FAST_POLICY, **policy}),
+            provider_for(provider, api),
+            namespace=namespace,
+            identity=f"test-{uuid.uuid4().hex[:6]}",
+            dry_run=dry_run,
+            resync_s=0.2,
+            lease_s=3,
+            renew_s=1,
+        )
+        running.append(Running(controller.run))
+        return controller
+
+    yield start
+    for item in running:
+        item.halt()
+    # Episodes of this test must not count as fleet history for the next one.
+    for obj in api.list(NODE_REMEDIATIONS.path()).items:
+        api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
+
+
+def node_name() -> str:
+    return f"gpu-{uuid.uuid4().hex[:8]}"
+
+
+def node(api: KubeApi, name: str) -> dict[str, Any]:
+    return api.get(f"/api/v1/nodes/{name}")
+
+
+def tainted(api: KubeApi, name: str) -> bool:
+    taints = node(api, name).get("spec", {}).get("taints") or []
+    return any(t["key"] == "gpuguard.io/unhealthy" for t in taints)
+
+
+def remediations(api: KubeApi, name: str) -> list[dict[str, Any]]:
+    found = api.list(NODE_REMEDIATIONS.path()).items
+    return [r for r in found if r["spec"]["nodeName"] == name]
+
+
+def status_of(api: KubeApi, name: str) -> dict[str, Any]:
+    (found,) = remediations(api, name)
+    return dict(found.get("status") or {})
+
+
+def nodeclaim(api: KubeApi, node: str) -> str:
+    name = f"claim-{node}"
+    api.create(
+        "/apis/karpenter.sh/v1/nodeclaims",
+        {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": name}},
+    )
+    api.patch(f"/apis/karpenter.sh/v1/nodeclaims/{name}/status", {"status": {"nodeName": node}})
+    return name
+
+
+# --- the rungs, with the real agent ------------------------------------------------------
+@pytest.fixture
+def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    running: list[Running] = []
+
+    def start(name: str, **settings: Any) -> Path:
+        bundle = tmp_path / name
+        shutil.copytree(EXAMPLES / "healthy-h100", bundle)
+        (bundle / "boot_id").write_text(f"boot-{uuid.uuid4()}\n")
+        config = Config(
+            **{
+                "check_interval_s": 0.5,
+                "heartbeat_interval_s": 2,
+                "metrics_port": 0,
+                "expected_gpus": 1,
+                **settings,
+            }
+        )
+        sources = BundleSources(bundle)
+        agent = Agent(
+            config,
+            sources,
+            default_checks(),
+            FileFollower(bundle / "kmsg.log", 0.05),
+            name,
+            NodeApi(load_client(control_plane.admin_kubeconfig)),
+        )
+        rest = load_api(control_plane.admin_kubeconfig)
+        executor = RepairExecutor(
+            rest, name, BundleRepair(bundle / "repairs.log"), agent.after_repair
+        )
+        running.append(Running(agent.run))
+        running.append(Running(executor.run))
+        return bundle
+
+    yield start
+    for item in running:
+        item.halt()
+
+
+def append(bundle: Path, code: int, text: str) -> None:
+    with (bundle / "kmsg.log").open("a") as handle:
+        handle.write(XID.format(code=code, text=text))
+
+
+def test_xid48_ends_with_a_gpu_reset_and_the_node_back_in_service(
+    api, start_agent, start_controller
+):
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    bundle = start_agent(name)
+    start_controller()
+    wait_for(lambda: node(api, name)["status"]["conditions"], what="the agent's first report")
+    append(bundle, 48, "An uncorrectable double bit error (DBE) has been detected on GPU")
+    wait_for(lambda: tainted(api, name), what="quarantine")
+    closed = wait_for(lambda: status_of(api, name).get("resolution"), 40, "the episode closing")
+    assert closed == "Repaired"
+    status = status_of(api, name)
+    assert status["rung"] == "RESET_GPU" and status["request"]["gpus"] == ["0000:91:00.0"]
+    assert (bundle / "repairs.log").read_text() == "reset 0000:91:00.0\n"
+    wait_for(lambda: not tainted(api, name), what="untaint")
+    assert not node(api, name)["spec"].get("unschedulable")  # a reset never cordons
+
+
+def test_xid79_ends_with_the_nodeclaim_deleted(api, start_agent, start_controller):
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    claim = nodeclaim(api, name)
+    bundle = start_agent(name)
+    start_controller()
+    wait_for(lambda: node(api, name)["status"]["conditions"], what="the agent's first report")
+    append(bundle, 79, "GPU has fallen off the bus.")
+    wait_for(lambda: status_of(api, name).get("rung") == "REPLACE", 60, "escalation to REPLACE")
+    assert (bundle / "repairs.log").read_text() == "reboot\n"  # the reboot did not help
+    wait_for(
+        lambda: (
+            not any(
+                c["metadata"]["name"] == claim
+                for c in api.list("/apis/karpenter.sh/v1/nodeclaims").items
+            )
+        ),
+        what="the NodeClaim deleted",
+    )
+    assert node(api, name)["spec"]["unschedulable"] is True
+    api.delete(f"/api/v1/nodes/{name}")  # what Karpenter does once the claim is gone
+    assert wait_for(lambda: status_of(api, name).get("resolution"), what="closed") == "Replaced"
+
+
+def test_xid13_burst_kills_only_the_jobs_gpu_pods_and_drains_nothing(
+    api, namespace, start_agent, start_controller
+):
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    make_pod(api, namespace, "training", name, gpus=1)
+    make_pod(api, namespace, "sidecar-cpu", name)
+    bundle = start_agent(name, application_fault_ttl_s=8)
+    start_controller(verify_timeout_s=20)
+    wait_for(lambda: node(api, name)["status"]["conditions"], what="the agent's first report")
+    for _ in range(20):
+        append(bundle, 13, "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0)")
+    wait_for(lambda: status_of(api, name).get("rung") == "KILL_JOB", what="KILL_JOB")
+
+    def pods() -> set[str]:
+        return {
+            p["metadata"]["name"] for p in api.list(f"/api/v1/namespaces/{namespace}/pods").items
+        }
+
+    wait_for(lambda: pods() == {"sidecar-cpu"}, what="the GPU pod killed")
+    assert wait_for(lambda: status_of(api, name).get("resolution"), 30, "closed") == "Repaired"
+    assert not node(api, name)["spec"].get("unschedulable")
+    assert pods() == {"sidecar-cpu"}
+
+
+# --- policy behaviour, with conditions written by the test -------------------------------
+def test_transient_problem_only_taints_and_untaints(api, start_controller):
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    set_health(api, name)
+    start_controller(tolerance_s=30)
+    set_health(api, name, gpu="False", action="RESET_GPU", codes=("NVLINK_DOWN",))
+    wait_for(lambda: tainted(api, name), what="quarantine")
+    set_health(api, name)
+    wait_for(lambda: not tainted(api, name), what="untaint")
+    status = status_of(api, name)
+    assert status["resolution"] == "Transient" and not status.get("rung")
+    assert not node(api, name)["spec"].get("unschedulable")
+
+
+def test_pdb_that_allows_nothing_blocks_the_drain_and_nothing_is_force_deleted(
+    api, namespace, start_controller
+):
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    make_pod(api, namespace, "guarded", name, labels={"app": "guarded"})
+    # Running (a Pending pod may always be evicted); no kube-controller-manager runs to
+    # compute the budget's status, and the API server refuses evictions until it has one.
+    api.patch(
+        f"/api/v1/namespaces/{namespace}/pods/guarded/status", {"status": {"phase": "Running"}}
+    )
+    api.create(
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "none"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+    set_health(api, name)
+    controller = start_controller(drain_timeout_s=3)
+    set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
+    wait_for(lambda: status_of(api, name).get("phase") == "Draining", what="draining")
+    # Timed out: back to quarantine, our cordon lifted, the pod untouched.
+    wait_for(
+        lambda: any(
+            "drain" in s["message"].lower() and s["phase"] == "Quarantined"
+            for s in status_of(api, name).get("steps", [])
+        ),
+        20,
+        "drain timeout",
+    )
+    assert api.get(f"/api/v1/namespaces/{namespace}/pods/guarded")["metadata"]["name"]
+    assert controller.metrics.evictions.labels("blocked")._value.get() >= 1
+    wait_for(lambda: not node(api, name)["spec"].get("unschedulable"), what="uncordon")
+    assert tainted(api, name)
+
+
+def test_storm_taints_all_drains_within_budget_and_trips_the_breaker(api, start_controller):
+    names = [f"storm-{uuid.uuid4().hex[:6]}-{i}" for i in range(50)]
+    for name in names:
+        make_node(api, name, labels={POOL: "storm"})
+        set_health(api, name)
+    controller = start_controller(
+        budget={"max_unavailable": 2, "max_unavailable_percent": 10},
+        breaker={"threshold_percent": 10, "window_s": 5, "close_percent": 5, "min_nodes": 3},
+        verify_timeout_s=60,
+        action_timeout_s=60,
+    )
+    bad = names[:20]
+    for name in bad:
+        set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
+    wait_for(lambda: all(tainted(api, n) for n in bad), 30, "every bad node tainted")
+    wait_for(lambda: controller.metrics.breaker_open._value.get() == 1, 10, "breaker open")
+    cordoned = [n for n in names if node(api, n)["spec"].get("unschedulable")]
+    assert len(cordoned) <= 2
+    assert not any(tainted(api, n) for n in names[20:])
+    for name in bad:
+        set_health(api, name)
+    wait_for(lambda: not any(tainted(api, n) for n in bad), 40, "every node untainted")
+    wait_for(lambda: controller.metrics.breaker_open._value.get() == 0, 20, "breaker closed")
+    for name in names:
+        api.delete(f"/api/v1/nodes/{name}")
+
+
+def test_excluded_do_not_disrupt_and_foreign_cordon_are_respected(api, start_controller):
+    excluded, protected, cordoned = node_name(), node_name(), node_name()
+    make_node(api, excluded, labels={POOL: "h100", "gpuguard.io/exclude": "true"})
+    make_node(
+        api, protected, labels={POOL: "h100"}, annotations={"karpenter.sh/do-not-disrupt": "true"}
+    )
+    make_node(api, cordoned, labels={POOL: "h100"}, unschedulable=True)
+    start_controller(provider="delete-node")
+    for name in (excluded, protected):
+        set_health(api, name, gpu="False", action="REPLACE", codes=("ROW_REMAP_FAILURE",))
+    set_health(api, cordoned, gpu="False", action="NONE", codes=("CHECK_TIMED_OUT",))
+    wait_for(lambda: tainted(api, cordoned), what="the cordoned node quarantined")
+    set_health(api, cordoned)
+    wait_for(lambda: not tainted(api, cordoned), what="untaint")
+    assert node(api, cordoned)["spec"]["unschedulable"] is True  # not our cordon to lift
+    for name in (excluded, protected):
+        assert not tainted(api, name)
+        assert remediations(api, name) == [] or all(
+            not r.get("status", {}).get("rung") for r in remediations(api, name)
+        )
+        assert node(api, name)  # never deleted
+
+
+def test_dry_run_records_and_acts_on_nothing(api, start_controller):
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    set_health(api, name)
+    start_controller(dry_run=True)
+    set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
+    wait_for(lambda: remediations(api, name), what="the episode recorded")
+    wait_for(lambda: status_of(api, name).get("phase") in ("Draining", "Acting"), what="decided")
+    assert not tainted(api, name) and not node(api, name)["spec"].get("unschedulable")
+
+
+def test_operator_can_read_the_episode_history(api, start_controller):
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    set_health(api, name)
+    start_controller(tolerance_s=30)
+    set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
+    steps = wait_for(lambda: status_of(api, name).get("steps"), what="steps")
+    assert steps[0]["phase"] == "Quarantined" and steps[0]["at"]
+    events = api.list("/apis/events.k8s.io/v1/namespaces/default/events").items
+    mine = [
+        e
+        for e in events
+        if e["regarding"]["name"] == name and e["reportingController"] == "gpuguard.io/controller"
+    ]
+    assert mine and mine[0]["related"]["kind"] == "NodeRemediation"
+    assert json.loads(json.dumps(mine[0]))["type"] == "Warning"

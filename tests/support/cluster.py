@@ -1,0 +1,177 @@
+"""Helpers for tests that drive a fleet on the real API server: CRDs, Nodes, health."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuguard.kube.rest import KubeApi, KubeConflict, Resource
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = Resource("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions")
+NODECLAIM_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "nodeclaims.karpenter.sh"},
+    "spec": {
+        "group": "karpenter.sh",
+        "scope": "Cluster",
+        "names": {"plural": "nodeclaims", "singular": "nodeclaim", "kind": "NodeClaim"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def install_crds(api: KubeApi) -> None:
+    """gpuguard's NodeRemediation CRD and a stand-in for Karpenter's NodeClaim CRD."""
+    ours = yaml.safe_load((REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml").read_text())
+    for crd in (ours, NODECLAIM_CRD):
+        with contextlib.suppress(KubeConflict):  # installed by an earlier module
+            api.create(CRDS.path(), crd)
+        wait_for(lambda crd=crd: _established(api, crd["metadata"]["name"]), 30, "CRD")
+
+
+def _established(api: KubeApi, name: str) -> bool:
+    conditions = api.get(CRDS.path(name)).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except Exception as exc:  # the API server may be restarting
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or predicate}: last {last!r}")
+
+
+def stamp(offset_s: float = 0.0) -> str:
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset_s)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_health(
+    api: KubeApi,
+    node: str,
+    *,
+    gpu: str = "True",
+    action: str = "NONE",
+    codes: tuple[str, ...] = (),
+    gpus: tuple[str, ...] = (),
+    since_offset_s: float = 0.0,
+) -> None:
+    """Write what an agent would: the three conditions and the report annotation."""
+    when = stamp(since_offset_s)
+    conditions = [
+        {
+            "type": kind,
+            "status": status,
+            "reason": "Healthy" if status == "True" else "Test",
+            "message": "set by the test",
+            "lastTransitionTime": when,
+            "lastHeartbeatTime": when,
+        }
+        for kind, status in (
+            ("GpuguardGPUHealthy", gpu),
+            ("GpuguardNetworkHealthy", "True"),
+            ("GpuguardKernelHealthy", "True"),
+        )
+    ]
+    api.patch(f"/api/v1/nodes/{node}/status", {"status": {"conditions": conditions}}, "strategic")
+    layers = {
+        "gpu": {
+            "status": "Healthy" if gpu == "True" else "Unhealthy",
+            "action": action,
+            "codes": list(codes),
+            "gpus": list(gpus),
+        },
+        "network": {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []},
+        "kernel": {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []},
+    }
+    report = json.dumps({"reportedAt": stamp(), "layers": layers})
+    api.patch(
+        f"/api/v1/nodes/{node}", {"metadata": {"annotations": {"gpuguard.io/report": report}}}
+    )
+
+
+def make_node(
+    api: KubeApi,
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    unschedulable: bool = False,
+) -> None:
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+    }
+    if unschedulable:
+        body["spec"] = {"unschedulable": True}
+    api.create("/api/v1/nodes", body)
+
+
+def make_pod(
+    api: KubeApi,
+    namespace: str,
+    name: str,
+    node: str,
+    *,
+    gpus: int = 0,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "main", "image": "busybox", "resources": resources}],
+        },
+    }
+    return api.create(f"/api/v1/namespaces/{namespace}/pods", body)
+
+
+def finish_terminating_pods(api: KubeApi, namespace: str, stop: threading.Event) -> None:
+    """Stand in for the kubelet: no kubelet runs here, so a deleted pod bound to a node
+    would keep its deletionTimestamp forever; confirm its end as a kubelet would."""
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            for pod in api.list(f"/api/v1/namespaces/{namespace}/pods").items:
+                meta = pod["metadata"]
+                if meta.get("deletionTimestamp"):
+                    with contextlib.suppress(Exception):
+                        api.delete(
+                            f"/api/v1/namespaces/{namespace}/pods/{meta['name']}",
+                            {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+                        )
+        stop.wait(0.2)
