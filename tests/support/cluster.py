@@ -114,7 +114,8 @@ def set_health(
         "network": {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []},
         "kernel": {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []},
     }
-    report = json.dumps({"reportedAt": stamp(), "layers": layers})
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    report = json.dumps({"reportedAt": now, "layers": layers})
     api.patch(
         f"/api/v1/nodes/{node}", {"metadata": {"annotations": {"gpuguard.io/report": report}}}
     )

@@ -314,7 +314,8 @@ class Agent:
         content = report_layers(report)
         if refresh or content != published.report:
             changes[REPORT_ANNOTATION] = json.dumps(
-                {"reportedAt": _utc_now(), "layers": json.loads(content)}, sort_keys=True
+                {"reportedAt": _utc_now(precise=True), "layers": json.loads(content)},
+                sort_keys=True,
             )
         if changes:
             self.api.patch_annotations(self.node_name, changes)
@@ -340,5 +341,8 @@ def report_layers(report: NodeReport) -> str:
     return json.dumps(layers, sort_keys=True)
 
 
-def _utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _utc_now(*, precise: bool = False) -> str:
+    """Condition times have whole seconds (the API's Time); the report keeps microseconds,
+    so the controller can tell a report written just after a repair from one just before."""
+    now = datetime.datetime.now(datetime.UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if precise else "%Y-%m-%dT%H:%M:%SZ")

@@ -206,7 +206,10 @@ class PlanBuilder:
             self.request(episode)
 
     def verifying(self, episode: Episode, node: NodeObservation) -> None:
-        fresh = node.reported_at is not None and node.reported_at > episode.phase_since
+        # Fresh: written after the action ended. The agent stamps both its result and its
+        # report, so compare its own clocks when there is a result.
+        done = episode.action_result.at if episode.action_result else episode.phase_since
+        fresh = node.reported_at is not None and node.reported_at > done
         if fresh and is_healthy(node, self.policy, self.now):
             self.close(episode, Resolution.REPAIRED, f"healthy after {_label(episode)}", node)
         elif self.now - episode.phase_since > self.policy.verify_timeout_s:

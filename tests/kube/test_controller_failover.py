@@ -1,0 +1,192 @@
+"""Crash safety and leader failover, with real `gpuguard controller` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuguard.agent.repair import BundleRepair, RepairExecutor
+from gpuguard.kube.remediations import NODE_REMEDIATIONS
+from gpuguard.kube.rest import KubeApi, load_api
+from tests.support.cluster import (
+    finish_terminating_pods,
+    install_crds,
+    make_node,
+    make_pod,
+    set_health,
+    wait_for,
+)
+from tests.support.controlplane import ControlPlane
+
+POLICY = {
+    "tolerance_s": 0,
+    "clear_after_s": 1,
+    "min_action_interval_s": 0,
+    "drain_timeout_s": 600,
+    "verify_timeout_s": 600,
+    "breaker": {"min_nodes": 1000},
+}
+
+
+@pytest.fixture(scope="module")
+def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
+    with load_api(control_plane.admin_kubeconfig) as client:
+        install_crds(client)
+        yield client
+
+
+@pytest.fixture
+def namespace(api: KubeApi) -> Iterator[str]:
+    name = f"gg-{uuid.uuid4().hex[:8]}"
+    api.create(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    stop = threading.Event()
+    kubelet = threading.Thread(target=finish_terminating_pods, args=(api, name, stop), daemon=True)
+    kubelet.start()
+    yield name
+    stop.set()
+    kubelet.join(5)
+    for obj in api.list(NODE_REMEDIATIONS.path()).items:
+        api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
+    api.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def controllers(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> Iterator[Callable[[str], subprocess.Popen[str]]]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(POLICY))
+    started: list[subprocess.Popen[str]] = []
+
+    def start(identity: str) -> subprocess.Popen[str]:
+        log = (tmp_path / f"{identity}.log").open("w")
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuguard.cli",
+                "controller",
+                "--kubeconfig",
+                str(control_plane.admin_kubeconfig),
+                "--namespace",
+                namespace,
+                "--identity",
+                identity,
+                "--provider",
+                "delete-node",
+                "--policy",
+                str(policy),
+                "--metrics-port",
+                "0",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def episode(api: KubeApi, node: str) -> dict[str, Any]:
+    (found,) = [
+        r for r in api.list(NODE_REMEDIATIONS.path()).items if r["spec"]["nodeName"] == node
+    ]
+    return dict(found.get("status") or {})
+
+
+def lease_holder(api: KubeApi, namespace: str) -> str:
+    lease = api.get(
+        f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/gpuguard-controller"
+    )
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+def test_controller_killed_between_drain_and_action_finishes_the_episode_once(
+    api, namespace, controllers, tmp_path
+):
+    node = f"gpu-{uuid.uuid4().hex[:8]}"
+    make_node(api, node, labels={"karpenter.sh/nodepool": "h100"})
+    make_pod(api, namespace, "training", node, labels={"app": "training"})
+    api.patch(
+        f"/api/v1/namespaces/{namespace}/pods/training/status", {"status": {"phase": "Running"}}
+    )
+    # A budget without status: the API server refuses every eviction, so the drain waits.
+    api.create(
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "hold"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "training"}}},
+        },
+    )
+    repairs = tmp_path / "repairs.log"
+    stop = threading.Event()
+    executor = RepairExecutor(api, node, BundleRepair(repairs), lambda *_: None)
+    threading.Thread(target=executor.run, args=(stop,), daemon=True).start()
+    try:
+        set_health(api, node)
+        first = controllers("first")
+        set_health(api, node, gpu="False", action="REBOOT", codes=("NVLINK_DOWN",))
+        wait_for(lambda: episode(api, node).get("phase") == "Draining", 60, "draining")
+        os.kill(first.pid, signal.SIGKILL)  # no clean shutdown, no Lease release
+        first.wait(10)
+        api.delete(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/hold")
+
+        controllers("second")  # takes the Lease once the dead leader's expires
+        wait_for(lambda: episode(api, node).get("phase") == "Verifying", 60, "the reboot done")
+        set_health(api, node)  # the agent's fresh report after the reboot
+        status = wait_for(lambda: (s := episode(api, node)).get("resolution") and s, 30, "closed")
+    finally:
+        stop.set()
+    assert status["resolution"] == "Repaired"
+    assert status["attempts"] == {"REBOOT": 1}
+    assert repairs.read_text() == "reboot\n"  # performed exactly once
+    acting = [s for s in status["steps"] if s["phase"] == "Acting"]
+    assert len(acting) == 1, status["steps"]
+    assert not api.get(f"/api/v1/nodes/{node}")["spec"].get("unschedulable")  # our cordon lifted
+
+
+def test_leader_failover_within_about_fifteen_seconds(api, namespace, controllers):
+    one, two = controllers("one"), controllers("two")
+    leader = wait_for(lambda: lease_holder(api, namespace), 30, "a leader")
+    dead, survivor = (one, "two") if leader == "one" else (two, "one")
+    os.kill(dead.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: lease_holder(api, namespace) == survivor, 30, "failover")
+    assert time.monotonic() - killed < 20
+
+    node = f"gpu-{uuid.uuid4().hex[:8]}"
+    make_node(api, node, labels={"karpenter.sh/nodepool": "h100"})
+    set_health(api, node)
+    set_health(api, node, gpu="False", action="NONE", codes=("CHECK_TIMED_OUT",))
+    wait_for(
+        lambda: any(
+            t["key"] == "gpuguard.io/unhealthy"
+            for t in api.get(f"/api/v1/nodes/{node}")["spec"].get("taints") or []
+        ),
+        10,
+        "the new leader quarantines",
+    )
