@@ -70,14 +70,16 @@ def render(helm: Callable[..., str], *values: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
-def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [o for o in objects if o["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    """The one object of ``kind`` (named ``name``: the controller has a ConfigMap and a
+    Service of its own, see test_helm_controller.py)."""
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
     return found[0]
 
 
 def config_yaml(objects: list[dict[str, Any]]) -> str:
-    return str(one(objects, "ConfigMap")["data"]["config.yaml"])
+    return str(one(objects, "ConfigMap", "gpuguard")["data"]["config.yaml"])
 
 
 def test_helm_lint_passes(helm):
@@ -181,7 +183,7 @@ def test_configmap_loads_with_gpuguard_config(helm, tmp_path):
 
 def test_service_and_optional_servicemonitor(helm):
     objects = render(helm)
-    service = one(objects, "Service")
+    service = one(objects, "Service", "gpuguard-metrics")
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 9465, "targetPort": "metrics", "protocol": "TCP"}
     ]
@@ -251,8 +253,8 @@ def installed(control_plane: ControlPlane, helm) -> Iterator[dict[str, dict[str,
 
 
 def test_every_rendered_object_is_accepted_by_the_api_server(installed):
-    kinds = sorted(key.split("/")[0] for key in installed)
-    assert kinds == sorted(
+    agent = [key for key in installed if not key.split("/")[1].startswith("gpuguard-controller")]
+    assert sorted(key.split("/")[0] for key in agent) == sorted(
         [
             "ClusterRole",
             "ClusterRoleBinding",
@@ -262,12 +264,12 @@ def test_every_rendered_object_is_accepted_by_the_api_server(installed):
             "RoleBinding",
             "Service",
             "ServiceAccount",
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
-            "ValidatingAdmissionPolicyBinding",
+            *["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 3,
         ]
     )
+    # The controller's objects (a Deployment, its policy, RBAC, ...) are checked in
+    # test_helm_controller.py; here only that they apply alongside the agent's.
+    assert "Deployment/gpuguard-controller" in installed
     assert installed["Role/gpuguard-events"]["metadata"]["namespace"] == "default"
     daemonset = installed["DaemonSet/gpuguard"]
     assert daemonset["metadata"]["namespace"] == NAMESPACE

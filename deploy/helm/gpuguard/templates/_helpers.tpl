@@ -56,3 +56,49 @@ Rendered as a CEL list literal.
 {{- define "gpuguard.ownedConditionTypes" -}}
 ['GpuguardGPUHealthy', 'GpuguardNetworkHealthy', 'GpuguardKernelHealthy', 'AcceleratedHardwareReady', 'NetworkingReady', 'KernelReady']
 {{- end }}
+
+{{/*
+The controller's names and labels. Its pods get their own app.kubernetes.io/name
+("<name>-controller"), not only another component label: the agent's DaemonSet and
+headless Service select on name+instance, and a selector that also matched the controller's
+pods would put them behind the agents' metrics Service. Changing the agent's selector
+instead would make its (immutable) DaemonSet selector differ on upgrade.
+*/}}
+{{- define "gpuguard.controller.fullname" -}}
+{{- printf "%s-controller" (include "gpuguard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuguard.controller.serviceAccountName" -}}
+{{- default (include "gpuguard.controller.fullname" .) .Values.controller.serviceAccount.name }}
+{{- end }}
+
+{{- define "gpuguard.controller.selectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-controller" (include "gpuguard.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpuguard.controller.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "gpuguard.controller.selectorLabels" . }}
+app.kubernetes.io/part-of: {{ include "gpuguard.name" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{/* The controller's metrics port: flag, container port, probes and Service. */}}
+{{- define "gpuguard.controller.metricsPort" -}}
+{{- $port := int .Values.controller.metricsPort }}
+{{- if not $port }}
+{{- fail "controller.metricsPort must not be 0: the liveness and readiness probes and the metrics Service use it" }}
+{{- end }}
+{{- $port }}
+{{- end }}
+
+{{/*
+The NodeRemediation status fields the controller owns: every property of status in
+crds/noderemediations.yaml except result, the agent's (the chart test checks they agree).
+*/}}
+{{- define "gpuguard.remediationControllerStatusFields" -}}
+[phase, rung, attempt, attempts, phaseSince, lastActionAt, gpus, cordonedByUs, exhausted, closedAt, resolution, lastMessage, steps, request]
+{{- end }}
