@@ -166,7 +166,10 @@ def test_controller_killed_between_drain_and_action_finishes_the_episode_once(
     assert repairs.read_text() == "reboot\n"  # performed exactly once
     acting = [s for s in status["steps"] if s["phase"] == "Acting"]
     assert len(acting) == 1, status["steps"]
-    assert not api.get(f"/api/v1/nodes/{node}")["spec"].get("unschedulable")  # our cordon lifted
+    # Our cordon is lifted right after the close is recorded (write-ahead).
+    wait_for(
+        lambda: not api.get(f"/api/v1/nodes/{node}")["spec"].get("unschedulable"), 10, "uncordon"
+    )
 
 
 def test_leader_failover_within_about_fifteen_seconds(api, namespace, controllers):
