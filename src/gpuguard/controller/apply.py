@@ -9,7 +9,9 @@ In dry-run the RECORDs and Events are written and nothing else.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections import defaultdict
+from collections.abc import Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
@@ -21,6 +23,8 @@ from gpuguard.kube.rest import Json, KubeApi
 from gpuguard.remediation.model import Decision, DecisionKind, Episode, Plan
 
 log = logging.getLogger("gpuguard.controller")
+# Concurrent API writes per reconcile: nodes in parallel, each node's steps in order.
+PARALLELISM = 16
 Kind = DecisionKind
 
 
@@ -33,38 +37,65 @@ class Applier:
         metrics: ControllerMetrics,
         *,
         dry_run: bool = False,
-        on_taint: Callable[[str, float], None] | None = None,
     ) -> None:
         self.api = api
         self.provider = provider
         self.events = events
         self.metrics = metrics
         self.dry_run = dry_run
-        self.on_taint = on_taint
 
-    def apply(self, plan: Plan, nodes: Mapping[str, Json], now: float) -> set[str]:
-        """Apply every decision; returns the nodes where a write failed."""
-        failed: set[str] = set()
+    def apply(
+        self, plan: Plan, nodes: Mapping[str, Json], now: float, opened: Collection[str] = ()
+    ) -> set[str]:
+        """Apply every decision; returns the nodes where a write failed.
+
+        ``opened``: nodes whose episode this plan opens (their object is created outright).
+        Taints go first, all at once: quarantine is the latency that matters, and a taint
+        ahead of its record is safe (a new leader finds the node unhealthy and tainted, and
+        opens the episode). Then each node's decisions run in order, nodes in parallel.
+        """
+        by_node: dict[str, list[Decision]] = defaultdict(list)
+        taints: list[Decision] = []
         for decision in plan.decisions:
-            if decision.node in failed:
-                continue
-            try:
-                self._apply(decision, plan.episodes.get(decision.node), nodes, now)
-                self.metrics.actions.labels(str(decision.kind), "ok").inc()
-            except KubeError as exc:
-                failed.add(decision.node)
-                self.metrics.actions.labels(str(decision.kind), "error").inc()
-                log.warning(
-                    "%s on %s failed, retrying next round: %s", decision.kind, decision.node, exc
-                )
+            (taints if decision.kind is Kind.TAINT else by_node[decision.node]).append(decision)
+
+        def one(decision: Decision) -> bool:
+            return self._try(decision, plan, nodes, now, decision.node in opened)
+
+        def in_order(decisions: list[Decision]) -> bool:
+            return all(one(d) for d in decisions)  # stops at the first failure
+
+        with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
+            failed = {d.node for d, ok in zip(taints, pool.map(one, taints), strict=True) if not ok}
+            done = pool.map(in_order, by_node.values())
+            failed |= {n for n, ok in zip(by_node, done, strict=True) if not ok}
         return failed
 
+    def _try(
+        self, decision: Decision, plan: Plan, nodes: Mapping[str, Json], now: float, new: bool
+    ) -> bool:
+        try:
+            self._apply(decision, plan.episodes.get(decision.node), nodes, now, new)
+        except KubeError as exc:
+            self.metrics.actions.labels(str(decision.kind), "error").inc()
+            log.warning(
+                "%s on %s failed, retrying next round: %s", decision.kind, decision.node, exc
+            )
+            return False
+        self.metrics.actions.labels(str(decision.kind), "ok").inc()
+        return True
+
     def _apply(
-        self, decision: Decision, episode: Episode | None, nodes: Mapping[str, Json], now: float
+        self,
+        decision: Decision,
+        episode: Episode | None,
+        nodes: Mapping[str, Json],
+        now: float,
+        new: bool,
     ) -> None:
         if decision.kind is Kind.RECORD:
             if episode is not None:
-                save_episode(self.api, episode)
+                save_episode(self.api, episode, new=new)
                 self.events.record(episode, decision, now)
             return
         if self.dry_run:
@@ -75,8 +106,6 @@ class Applier:
             case Kind.TAINT:
                 if node is not None:
                     fleet.taint(self.api, node)
-                    if self.on_taint is not None:
-                        self.on_taint(decision.node, now)
             case Kind.UNTAINT:
                 if node is not None:
                     fleet.untaint(self.api, node)

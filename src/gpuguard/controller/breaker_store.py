@@ -14,6 +14,7 @@ from gpuguard.remediation.model import BreakerState
 CONFIGMAPS = Resource("/api/v1", "configmaps", namespaced=True)
 NAME = "gpuguard-controller-state"
 RESET_ANNOTATION = "gpuguard.io/reset-breaker"
+RESET_POLL_S = 5.0
 
 
 class BreakerStore:
@@ -24,6 +25,7 @@ class BreakerStore:
         self.state = BreakerState()
         self._saved: BreakerState | None = None
         self._reset_pending = False
+        self._reset_checked_at = float("-inf")
 
     def load(self) -> None:
         try:
@@ -33,8 +35,13 @@ class BreakerStore:
         self.state = _decode(data) if data else BreakerState()
         self._saved = self.state
 
-    def reset_requested(self) -> bool:
-        """True once per operator reset (the annotation is removed when the reset is saved)."""
+    def reset_requested(self, now: float) -> bool:
+        """True once per operator reset (the annotation is removed when the reset is saved).
+
+        Read at most every ``RESET_POLL_S``: a reconcile runs on every Node change."""
+        if now - self._reset_checked_at < RESET_POLL_S:
+            return self._reset_pending
+        self._reset_checked_at = now
         try:
             annotations = self.api.get(self.path)["metadata"].get("annotations") or {}
         except KubeNotFound:

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from gpuguard.controller.apply import Applier
@@ -41,6 +42,15 @@ from gpuguard.remediation.policy import Policy
 log = logging.getLogger("gpuguard.controller")
 LEASE_NAME = "gpuguard-controller"
 RETRY_S = 2.0
+
+
+def _needs_attention(observed: NodeObservation) -> bool:
+    """Not plainly healthy, or carrying our taint or our cordon."""
+    return (
+        observed.tainted
+        or observed.cordoned_by_us
+        or any(layer.status != "True" for layer in observed.layers.values())
+    )
 
 
 class Controller:
@@ -158,6 +168,13 @@ class Controller:
         with self._lock:
             nodes = dict(self._nodes)
         observations = {name: self._observe(name, node) for name, node in nodes.items()}
+        population = Counter(o.pool for o in observations.values())
+        # Only nodes that can need a decision; the population sizes budgets and breaker.
+        observations = {
+            name: obs
+            for name, obs in observations.items()
+            if name in episodes or _needs_attention(obs)
+        }
         for name, episode in episodes.items():
             if episode.phase is Phase.DRAINING and name in observations:
                 moving = drain.evictable_count(self.api, name, episode.gpus)
@@ -169,9 +186,11 @@ class Controller:
             self.breakers.state,
             self.policy,
             now,
-            breaker_reset=self.breakers.reset_requested(),
+            breaker_reset=self.breakers.reset_requested(now),
+            population=population,
         )
-        failures = self.applier.apply(plan, nodes, now)
+        opened = plan.episodes.keys() - episodes.keys()
+        failures = self.applier.apply(plan, nodes, now, opened)
         self._remember(plan, failures)
         self.breakers.save(plan.breaker)
         self._observe_metrics(plan, observations, now)

@@ -11,12 +11,13 @@ the node is already in writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, Listing
+from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, KubeRefused, Listing
 from gpuguard.remediation.model import CORDONED_BY_US_ANNOTATION, TAINT_KEY
 
 TAINT_EFFECT = "NoSchedule"
@@ -116,14 +117,34 @@ def is_cordoned_by_us(node: Json) -> bool:
 
 
 def taint(api: KubeApi, node: Json, *, value: str = "") -> Json:
-    """Add ``gpuguard.io/unhealthy:NoSchedule``; other taints are kept as they are."""
+    """Add ``gpuguard.io/unhealthy:NoSchedule``; other taints are kept as they are.
+
+    Quarantine is the latency that matters, and the agent writes the same Node at the same
+    moment (its report), so a write conditional on the resourceVersion would mostly fail
+    once: first try a JSON patch that tests only the taints (and appends ours), and fall
+    back to the conditional read-modify-write when the taints moved meanwhile."""
+    ours: Json = {"key": TAINT_KEY, "effect": TAINT_EFFECT}
+    if value:
+        ours["value"] = value
+    if not is_tainted(node) and (node.get("metadata") or {}).get("resourceVersion"):
+        cached = taints_of(node)
+        ops = (
+            [
+                {"op": "test", "path": "/spec/taints", "value": cached},
+                {"op": "add", "path": "/spec/taints/-", "value": ours},
+            ]
+            if cached
+            else [
+                {"op": "test", "path": "/spec/taints", "value": None},
+                {"op": "add", "path": "/spec/taints", "value": [ours]},
+            ]
+        )
+        with contextlib.suppress(KubeRefused, KubeConflict):  # the taints moved: see below
+            return slim_node(api.patch(NODES.path(node_name(node)), ops, "json"))
 
     def change(current: Json) -> Json | None:
         if is_tainted(current):
             return None
-        ours: Json = {"key": TAINT_KEY, "effect": TAINT_EFFECT}
-        if value:
-            ours["value"] = value
         return {"spec": {"taints": [*taints_of(current), ours]}}
 
     return _update(api, node, change)

@@ -91,7 +91,7 @@ def episode_from_object(obj: Json) -> Episode:
     )
 
 
-def save_episode(api: KubeApi, ep: Episode) -> None:
+def save_episode(api: KubeApi, ep: Episode, *, new: bool = False) -> None:
     """Create the object if needed and write the controller's part of its status.
 
     Idempotent: saving the same episode twice writes the same fields. ``status.result`` is
@@ -101,11 +101,12 @@ def save_episode(api: KubeApi, ep: Episode) -> None:
     patch = {"status": _status(ep)}
     if ep.action_result is None:
         del patch["status"]["result"]
-    try:
-        api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch)
-        return
-    except KubeNotFound:
-        pass
+    if not new:  # usually it exists: one write; ``new`` skips the doomed first try
+        try:
+            api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch)
+            return
+        except KubeNotFound:
+            pass
     created = episode_to_object(ep)
     del created["status"]  # ignored on create: the status subresource owns it
     # AlreadyExists (409): created meanwhile by a retry of ours; the patch still applies.

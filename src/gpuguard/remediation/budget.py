@@ -29,10 +29,11 @@ class BudgetLedger:
         nodes: Mapping[str, NodeObservation],
         episodes: Mapping[str, Episode],
         budget: Budget,
+        population: Mapping[str, int] | None = None,
     ) -> None:
         self._budget = budget
         self._pool_of = {name: node.pool for name, node in nodes.items()}
-        self._pool_size = Counter(self._pool_of.values())
+        self._pool_size = Counter(population or self._pool_of.values())
         self._holders: dict[str, set[str]] = defaultdict(set)
         for name, episode in episodes.items():
             self.update(name, episode)

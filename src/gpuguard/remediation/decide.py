@@ -28,13 +28,18 @@ def decide(
     now: float,
     *,
     breaker_reset: bool = False,
+    population: Mapping[str, int] | None = None,
 ) -> Plan:
     """Decide what to do now.
 
     ``episodes``: the open episodes by node; ``history``: closed ones (lemons, breaker).
     The plan's episodes are every open or just-closed episode, by node.
+
+    ``population`` (nodes per pool) lets a caller pass only the nodes that can need a
+    decision (not healthy, or carrying our taint or cordon, or with an episode) and still
+    size budgets and the breaker by the whole fleet; by default ``nodes`` is the fleet.
     """
-    run = PlanBuilder(nodes, episodes, history, breaker, policy, now)
+    run = PlanBuilder(nodes, episodes, history, breaker, policy, now, population)
     work = {n: _copy(e) for n, e in sorted(episodes.items()) if e.phase is not Phase.CLOSED}
     opened_now: set[str] = set()
     # 1. Quarantine every newly unhealthy node: taints are never limited or paused.
@@ -51,7 +56,12 @@ def decide(
     # 2. The breaker counts the episodes just opened: a storm is stopped in its first call.
     opened = [e.opened_at for e in work.values()] + [e.opened_at for e in history]
     run.breaker, breaker_notes = next_breaker(
-        breaker, opened, len(nodes), policy.breaker, now, reset=breaker_reset
+        breaker,
+        opened,
+        sum(population.values()) if population is not None else len(nodes),
+        policy.breaker,
+        now,
+        reset=breaker_reset,
     )
     run.notes.extend(breaker_notes)
     # 3. Advance every open episode, in node order (budget slots go in that order).

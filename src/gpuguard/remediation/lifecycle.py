@@ -51,12 +51,13 @@ class PlanBuilder:
         breaker: BreakerState,
         policy: Policy,
         now: float,
+        population: Mapping[str, int] | None = None,
     ) -> None:
         self.history = history
         self.breaker = breaker  # replaced by this call's breaker before any episode advances
         self.policy = policy
         self.now = now
-        self.ledger = BudgetLedger(nodes, episodes, policy.budget)
+        self.ledger = BudgetLedger(nodes, episodes, policy.budget, population)
         self.decisions: dict[str, list[Decision]] = defaultdict(list)
         self.notes: list[str] = []
 
