@@ -30,6 +30,7 @@ from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.remediation.policy import Policy
 from gpuguard.sources import BundleSources
 from tests.support.cluster import (
+    delete_created_nodes,
     finish_terminating_pods,
     install_crds,
     make_node,
@@ -110,6 +111,7 @@ def start_controller(api: KubeApi, namespace: str) -> Iterator[Callable[..., Con
     for item in running:
         item.halt()
     # Episodes of this test must not count as fleet history for the next one.
+    delete_created_nodes(api)
     for obj in api.list(NODE_REMEDIATIONS.path()).items:
         api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
 

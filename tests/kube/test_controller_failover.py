@@ -20,6 +20,7 @@ from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi, load_api
 from tests.support.cluster import (
+    delete_created_nodes,
     finish_terminating_pods,
     install_crds,
     make_node,
@@ -58,6 +59,7 @@ def namespace(api: KubeApi) -> Iterator[str]:
     yield name
     stop.set()
     kubelet.join(5)
+    delete_created_nodes(api)
     for obj in api.list(NODE_REMEDIATIONS.path()).items:
         api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
     api.delete(f"/api/v1/namespaces/{name}")

@@ -121,6 +121,17 @@ def set_health(
     )
 
 
+# Nodes made by make_node, so a fixture can delete them after each test: a sick node left
+# behind would hold a disruption-budget slot in the next test's pool.
+CREATED_NODES: list[str] = []
+
+
+def delete_created_nodes(api: KubeApi) -> None:
+    while CREATED_NODES:
+        with contextlib.suppress(Exception):
+            api.delete(f"/api/v1/nodes/{CREATED_NODES.pop()}")
+
+
 def make_node(
     api: KubeApi,
     name: str,
@@ -137,6 +148,7 @@ def make_node(
     if unschedulable:
         body["spec"] = {"unschedulable": True}
     api.create("/api/v1/nodes", body)
+    CREATED_NODES.append(name)
 
 
 def make_pod(

@@ -83,7 +83,9 @@ class Controller:
             api, provider, EventRecorder(api, identity), self.metrics, dry_run=dry_run
         )
         self._nodes: dict[str, Json] = {}
-        self._projections: dict[str, tuple[str, NodeObservation]] = {}
+        self._observed: dict[str, NodeObservation] = {}
+        self._attention: set[str] = set()  # not plainly healthy, or ours to clean up
+        self._population: Counter[str] = Counter()  # nodes per pool
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._synced = threading.Event()
@@ -142,21 +144,41 @@ class Controller:
                 stop.wait(RETRY_S)
 
     def _take(self, item: Snapshot | WatchEvent) -> str:
+        """Fold a watch item into the cache, projecting each changed Node once here so
+        that a reconcile never walks the whole fleet."""
         with self._lock:
             if isinstance(item, Snapshot):
-                self._nodes = {n["metadata"]["name"]: n for n in item.items}
-                version = item.resource_version
+                self._nodes, self._observed = {}, {}
+                self._attention, self._population = set(), Counter()
+                for node in item.items:
+                    self._put(node)
             else:
                 name = item.object["metadata"]["name"]
                 if item.type == "DELETED":
-                    self._nodes.pop(name, None)
+                    self._drop(name)
                 else:
-                    self._nodes[name] = item.object
-                version = item.resource_version
+                    self._put(item.object)
+            version = item.resource_version
         self._synced.set()
         self.metrics.ready.set()
         self._wake.set()
         return version
+
+    def _put(self, node: Json) -> None:
+        name = node["metadata"]["name"]
+        self._drop(name)
+        observed = project_node(node, self.policy.pool_label)
+        self._nodes[name], self._observed[name] = node, observed
+        self._population[observed.pool] += 1
+        if _needs_attention(observed):
+            self._attention.add(name)
+
+    def _drop(self, name: str) -> None:
+        self._nodes.pop(name, None)
+        self._attention.discard(name)
+        old = self._observed.pop(name, None)
+        if old is not None:
+            self._population[old.pool] -= 1
 
     # --- one pass -----------------------------------------------------------------
     def reconcile(self) -> Plan:
@@ -166,15 +188,11 @@ class Controller:
             self.breakers.load()
         episodes = self._refresh_results(self._episodes)
         with self._lock:
-            nodes = dict(self._nodes)
-        observations = {name: self._observe(name, node) for name, node in nodes.items()}
-        population = Counter(o.pool for o in observations.values())
-        # Only nodes that can need a decision; the population sizes budgets and breaker.
-        observations = {
-            name: obs
-            for name, obs in observations.items()
-            if name in episodes or _needs_attention(obs)
-        }
+            # Only nodes that can need a decision; the population sizes budgets and breaker.
+            wanted = (self._attention | episodes.keys()) & self._nodes.keys()
+            nodes = {name: self._nodes[name] for name in wanted}
+            observations = {name: self._observed[name] for name in wanted}
+            population = {pool: count for pool, count in self._population.items() if count}
         for name, episode in episodes.items():
             if episode.phase is Phase.DRAINING and name in observations:
                 moving = drain.evictable_count(self.api, name, episode.gpus)
@@ -195,14 +213,6 @@ class Controller:
         self.breakers.save(plan.breaker)
         self._observe_metrics(plan, observations, now)
         return plan
-
-    def _observe(self, name: str, node: Json) -> NodeObservation:
-        version = str(node["metadata"].get("resourceVersion", ""))
-        cached = self._projections.get(name)
-        if cached is None or cached[0] != version:
-            cached = (version, project_node(node, self.policy.pool_label))
-            self._projections[name] = cached
-        return cached[1]
 
     def _refresh_results(self, episodes: dict[str, Episode]) -> dict[str, Episode]:
         """Episodes waiting for the agent get the agent's latest answer."""
