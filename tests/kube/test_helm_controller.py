@@ -716,7 +716,7 @@ def test_controller_holds_its_lease_and_breaker_state(controller, installed):
 
     store = BreakerStore(controller, NAMESPACE)
     store.load()
-    assert not store.reset_requested()
+    assert not store.reset_requested(time.time())
     store.save(BreakerState(open=True, opened_at=now, reason="chart test"))  # creates
     store.save(BreakerState())  # patches
     store.load()
@@ -729,7 +729,7 @@ def test_controller_breaker_reset_annotation_round_trip(controller, admin_api, i
     store.save(BreakerState(open=True, opened_at=time.time(), reason="chart test"))
     path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/{BREAKER_CONFIGMAP}"
     admin_api.patch(path, {"metadata": {"annotations": {RESET_ANNOTATION: "now"}}})
-    assert store.reset_requested()
+    assert store.reset_requested(time.time())
     store.save(BreakerState())  # removes the annotation with the reset
     assert RESET_ANNOTATION not in (admin_api.get(path)["metadata"].get("annotations") or {})
 
