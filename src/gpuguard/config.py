@@ -5,6 +5,7 @@ Errors name the bad key and the file, so a typo in a fleet-wide config is found 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -112,34 +113,50 @@ def build_config(data: dict[str, Any], origin: str) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, origin)) from None
+        message = describe_invalid(exc, origin, "configuration", lambda _: Config)
+        raise ConfigError(message) from None
 
 
 def load_config(path: Path | None) -> Config:
     """Read and validate a YAML config file; ``None`` gives the defaults."""
     if path is None:
         return Config()
+    return build_config(read_yaml_mapping(path, "config"), origin=str(path))
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (an empty file is an empty one)."""
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if data is None:
-        data = {}
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path}: expected a mapping of keys to values, got {type(data).__name__}"
         )
-    return build_config(data, origin=str(path))
+    return data
 
 
-def _describe(exc: ValidationError, origin: str) -> str:
+def describe_invalid(
+    exc: ValidationError,
+    origin: str,
+    what: str,
+    model_at: Callable[[list[str]], type[BaseModel]],
+) -> str:
+    """One line naming every bad key; ``model_at(loc)`` is the model that owns a key, so an
+    unknown key is answered with the keys that model does know."""
     problems = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            problems.append(f"{key}: unknown key (known keys: {', '.join(Config.model_fields)})")
+            known = ", ".join(model_at(loc).model_fields)
+            problems.append(f"{key}: unknown key (known keys: {known})")
         else:
-            problems.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
-    return f"{origin}: invalid configuration: " + "; ".join(problems)
+            message = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{key}: {message} (got {err.get('input')!r})")
+    return f"{origin}: invalid {what}: " + "; ".join(problems)

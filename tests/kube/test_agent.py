@@ -31,6 +31,7 @@ from gpuguard.kube.client import NodeApi, load_client
 from gpuguard.remediation.model import REPORT_ANNOTATION
 from gpuguard.sources import BundleSources, LiveSources, Sources
 from tests.conftest import DATA
+from tests.support.cluster import wait_for
 from tests.support.controlplane import ControlPlane, free_port
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -98,20 +99,6 @@ def bundle_from(example: str, tmp_path: Path) -> tuple[BundleSources, Path]:
 def conditions(plane: ControlPlane, node: str) -> dict[str, dict[str, Any]]:
     answer = plane.request("GET", f"/api/v1/nodes/{node}")
     return {c["type"]: c for c in answer.get("status", {}).get("conditions", [])}
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 15.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except Exception as exc:  # the API server may be restarting
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or predicate}: last {last!r}")
 
 
 def condition_is(plane: ControlPlane, node: str, kind: str, status: str, reason: str | None = None):

@@ -30,9 +30,6 @@ from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.remediation.policy import Policy
 from gpuguard.sources import BundleSources
 from tests.support.cluster import (
-    delete_created_nodes,
-    finish_terminating_pods,
-    install_crds,
     make_node,
     make_pod,
     set_health,
@@ -53,28 +50,6 @@ FAST_POLICY: dict[str, Any] = {
     "breaker": {"min_nodes": 1000},
 }
 XID = "NVRM: Xid (PCI:0000:91:00): {code}, pid='<unknown>', name=<unknown>, {text}\n"
-
-
-@pytest.fixture(scope="module")
-def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
-    with load_api(control_plane.admin_kubeconfig) as client:
-        install_crds(client)
-        yield client
-
-
-@pytest.fixture
-def namespace(api: KubeApi) -> Iterator[str]:
-    name = f"gg-{uuid.uuid4().hex[:8]}"
-    api.create(
-        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    )
-    stop = threading.Event()
-    kubelet = threading.Thread(target=finish_terminating_pods, args=(api, name, stop), daemon=True)
-    kubelet.start()
-    yield name
-    stop.set()
-    kubelet.join(5)
-    api.delete(f"/api/v1/namespaces/{name}")
 
 
 class Running:
@@ -110,10 +85,6 @@ def start_controller(api: KubeApi, namespace: str) -> Iterator[Callable[..., Con
     yield start
     for item in running:
         item.halt()
-    # Episodes of this test must not count as fleet history for the next one.
-    delete_created_nodes(api)
-    for obj in api.list(NODE_REMEDIATIONS.path()).items:
-        api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
 
 
 def node_name() -> str:

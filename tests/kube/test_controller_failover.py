@@ -18,11 +18,8 @@ import yaml
 
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
-from gpuguard.kube.rest import KubeApi, load_api
+from gpuguard.kube.rest import KubeApi
 from tests.support.cluster import (
-    delete_created_nodes,
-    finish_terminating_pods,
-    install_crds,
     make_node,
     make_pod,
     set_health,
@@ -38,31 +35,6 @@ POLICY = {
     "verify_timeout_s": 600,
     "breaker": {"min_nodes": 1000},
 }
-
-
-@pytest.fixture(scope="module")
-def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
-    with load_api(control_plane.admin_kubeconfig) as client:
-        install_crds(client)
-        yield client
-
-
-@pytest.fixture
-def namespace(api: KubeApi) -> Iterator[str]:
-    name = f"gg-{uuid.uuid4().hex[:8]}"
-    api.create(
-        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    )
-    stop = threading.Event()
-    kubelet = threading.Thread(target=finish_terminating_pods, args=(api, name, stop), daemon=True)
-    kubelet.start()
-    yield name
-    stop.set()
-    kubelet.join(5)
-    delete_created_nodes(api)
-    for obj in api.list(NODE_REMEDIATIONS.path()).items:
-        api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
-    api.delete(f"/api/v1/namespaces/{name}")
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuguard.config import describe_invalid, read_yaml_mapping
 from gpuguard.errors import ConfigError
 from gpuguard.model import Action
 
@@ -171,38 +171,17 @@ def build_policy(data: dict[str, Any], origin: str) -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, origin)) from None
+        message = describe_invalid(exc, origin, "remediation policy", _model_at)
+        raise ConfigError(message) from None
 
 
 def load_policy(path: Path) -> Policy:
     """Read and validate a remediation policy YAML file; an empty file gives the defaults."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read remediation policy: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{path}: expected a mapping of keys to values, got {type(data).__name__}"
-        )
-    return build_policy(data, origin=str(path))
+    return build_policy(read_yaml_mapping(Path(path), "remediation policy"), origin=str(path))
 
 
 _SECTIONS: dict[str, type[BaseModel]] = {"budget": Budget, "breaker": Breaker}
 
 
-def _describe(exc: ValidationError, origin: str) -> str:
-    problems = []
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
-        key = ".".join(loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            model = _SECTIONS.get(loc[0], Policy) if len(loc) > 1 else Policy
-            problems.append(f"{key}: unknown key (known keys: {', '.join(model.model_fields)})")
-        else:
-            message = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{key}: {message} (got {err.get('input')!r})")
-    return f"{origin}: invalid remediation policy: " + "; ".join(problems)
+def _model_at(loc: list[str]) -> type[BaseModel]:
+    return _SECTIONS.get(loc[0], Policy) if len(loc) > 1 else Policy
