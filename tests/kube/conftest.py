@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi, load_api
 from tests.support.cluster import delete_created_nodes, finish_terminating_pods, install_crds
-from tests.support.controlplane import ControlPlane, testenv_bin
+from tests.support.controlplane import REPO, ControlPlane, testenv_bin
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +53,21 @@ def namespace(api: KubeApi) -> Iterator[str]:
     for obj in api.list(NODE_REMEDIATIONS.path()).items:
         api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
     api.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture(scope="module")
+def helm() -> Callable[..., str]:
+    """Runs the helm built by hack/testenv in the repository; checks its exit status."""
+    binary = testenv_bin() / "helm"
+
+    def run(*args: str, ok: bool = True) -> str:
+        proc = subprocess.run(
+            [str(binary), *args], cwd=REPO, capture_output=True, text=True, check=False
+        )
+        if ok:
+            assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stderr}"
+            return proc.stdout
+        assert proc.returncode != 0, f"helm {' '.join(args)} should have failed"
+        return proc.stderr
+
+    return run

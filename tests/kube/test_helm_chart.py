@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -28,7 +27,7 @@ from gpuguard.agent.daemon import MEMORY_ANNOTATION
 from gpuguard.config import Config, load_config
 from gpuguard.kube.client import NodeApi, load_client
 from gpuguard.kube.errors import KubeRejected
-from tests.support import controlplane
+from tests.support.cluster import wait_for
 from tests.support.controlplane import REPO, ControlPlane
 
 CHART = REPO / "deploy" / "helm" / "gpuguard"
@@ -45,23 +44,6 @@ Answer = tuple[int, Any]
 
 
 # --- helm ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def helm() -> Callable[..., str]:
-    binary = controlplane.testenv_bin() / "helm"
-
-    def run(*args: str, ok: bool = True) -> str:
-        proc = subprocess.run(
-            [str(binary), *args], cwd=REPO, capture_output=True, text=True, check=False
-        )
-        if ok:
-            assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stderr}"
-            return proc.stdout
-        assert proc.returncode != 0, f"helm {' '.join(args)} should have failed"
-        return proc.stderr
-
-    return run
 
 
 def render(helm: Callable[..., str], *values: str) -> list[dict[str, Any]]:
@@ -279,17 +261,6 @@ def test_every_rendered_object_is_accepted_by_the_api_server(installed):
 
 
 # --- the agent's credential -----------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: last {last!r}")
 
 
 class Caller:

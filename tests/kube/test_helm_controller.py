@@ -16,7 +16,6 @@ import contextlib
 import json
 import re
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -60,8 +59,7 @@ from gpuguard.remediation.model import (
     Step,
 )
 from gpuguard.remediation.policy import Breaker, Budget, Policy, build_policy, load_policy
-from tests.support import controlplane
-from tests.support.cluster import install_crds, make_pod
+from tests.support.cluster import install_crds, make_pod, wait_for
 from tests.support.controlplane import REPO, ControlPlane
 
 CHART = REPO / "deploy" / "helm" / "gpuguard"
@@ -93,23 +91,6 @@ Objects = list[dict[str, Any]]
 
 
 # --- helm ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def helm() -> Callable[..., str]:
-    binary = controlplane.testenv_bin() / "helm"
-
-    def run(*args: str, ok: bool = True) -> str:
-        proc = subprocess.run(
-            [str(binary), *args], cwd=REPO, capture_output=True, text=True, check=False
-        )
-        if ok:
-            assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stderr}"
-            return proc.stdout
-        assert proc.returncode != 0, f"helm {' '.join(args)} should have failed"
-        return proc.stderr
-
-    return run
 
 
 def settings(values: tuple[str, ...]) -> list[str]:
@@ -537,17 +518,6 @@ def test_every_variant_is_accepted_by_the_api_server(installed, admin, helm, val
 
 
 # --- the controller's credential ------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: last {last!r}")
 
 
 def denied_by_rbac(answer: Answer, user: str = CONTROLLER_USER) -> bool:
