@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpuguard.errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 10.0
+DEEP_CHECK_PREFIX = "deep-"
+# A deep check's timeout beyond its budget: importing PyTorch and starting CUDA on every GPU.
+DEEP_TIMEOUT_MARGIN_S = 30.0
 
 PositiveSeconds = Annotated[float, Field(gt=0, le=3600)]
 
@@ -27,6 +30,71 @@ class Expectations(BaseModel):
     gpus: int | None = Field(default=None, ge=0)
     nics: int | None = Field(default=None, ge=0)
     link_gbps: float | None = Field(default=None, gt=0)
+
+
+Dtype = Literal["bf16", "fp16", "tf32", "fp32"]
+
+
+class GpuFigures(BaseModel):
+    """What one GPU model should reach: a row of ``data/gpu_expected.yaml`` or an override.
+
+    Peaks are the vendor's dense (no sparsity) figures; ``healthy`` is the share of each
+    peak a healthy GPU reaches in our measurement. ``None`` means "not known": that figure
+    is then judged against the node's sibling GPUs only.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tflops: dict[Dtype, float] = Field(default_factory=dict, description="dense TFLOP/s")
+    memory_gb_s: float | None = Field(default=None, gt=0, description="memory bandwidth, GB/s")
+    pcie_gen: int | None = Field(default=None, ge=1, le=6)
+    pcie_width: int | None = Field(default=None, ge=1, le=32)
+    nvlink_gb_s: float | None = Field(
+        default=None, gt=0, description="NVLink bandwidth per GPU, both directions, GB/s"
+    )
+    healthy: dict[Literal["matmul", "memory", "host_link", "nvlink"], float] = Field(
+        default_factory=dict, description="share of peak a healthy GPU reaches, by metric"
+    )
+    source: str = ""
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        return next((v for k, v in self.tflops.items() if k == dtype), None)
+
+    def healthy_share(self, metric: str) -> float:
+        return next((v for k, v in self.healthy.items() if k == metric), 1.0)
+
+
+class DeepChecks(BaseModel):
+    """The active load checks (``gpuguard check --deep``, the agent's idle-time schedule)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget_s: PositiveSeconds = Field(default=60.0, description="Time the deep suite may take")
+    interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=30 * 86400,
+        description="Agent: run the deep suite this often while the GPUs are idle (null: never)",
+    )
+    idle_utilization_percent: float = Field(
+        default=5.0, ge=0, le=100, description="GPUs busier than this are not idle"
+    )
+    matmul_size: int = Field(default=8192, ge=16, le=65536)
+    dtypes: list[Dtype] = Field(default_factory=lambda: ["bf16", "tf32"], min_length=1)  # type: ignore[arg-type]
+    memory_test_fraction: float = Field(
+        default=0.5, gt=0, le=0.95, description="Share of free GPU memory the pattern test uses"
+    )
+    slow_fraction: float = Field(
+        default=0.8, gt=0, le=1, description="Fail-slow below this share of the expected figure"
+    )
+    sibling_tolerance: float = Field(
+        default=0.15, gt=0, lt=1, description="Fail-slow this far below the node's median GPU"
+    )
+    expected: dict[str, GpuFigures] = Field(
+        default_factory=dict,
+        description="Per GPU model (its name as the driver reports it): figures that replace"
+        " those of the built-in table",
+    )
 
 
 class Config(BaseModel):
@@ -69,6 +137,7 @@ class Config(BaseModel):
         default=1.0, ge=0, le=60, description="Gap between the two error-counter samples"
     )
     cross_check: bool = Field(default=False, description="Also read nvidia-smi when NVML answered")
+    deep: DeepChecks = Field(default_factory=DeepChecks, description="Active load checks")
 
     # The agent (gpuguard agent).
     condition_profile: Literal["gpuguard", "eks"] = Field(
@@ -97,7 +166,11 @@ class Config(BaseModel):
         )
 
     def timeout_for(self, check: str) -> float:
-        return self.timeouts.get(check, self.default_timeout_s)
+        if check in self.timeouts:
+            return self.timeouts[check]
+        if check.startswith(DEEP_CHECK_PREFIX):  # the budget, plus start-up and a margin
+            return self.deep.budget_s + DEEP_TIMEOUT_MARGIN_S
+        return self.default_timeout_s
 
     def interval_for(self, check: str) -> float:
         return self.check_intervals.get(check, self.check_interval_s)
