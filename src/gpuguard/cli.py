@@ -58,6 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="report a layer whose checks gave no verdict as Unknown, not Unhealthy",
     )
+    check.add_argument(
+        "--deep",
+        action="store_true",
+        help="also run the load checks: GPUs under load, memory, host/peer links, NIC loopback",
+    )
+    check.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="time the deep checks may take (default: the config's deep.budget_s, 60)",
+    )
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.add_argument("-v", "--verbose", action="store_true", help="list informational findings")
 
@@ -140,7 +151,18 @@ def _check(args: argparse.Namespace) -> int:
         sources = BundleSources(args.bundle)
     else:
         sources = LiveSources(config)
-    report = run_all(default_checks(), sources, config, FALLBACKS)
+    checks = default_checks()
+    if args.deep:
+        from gpuguard.checks.load.checks import deep_checks
+
+        checks += deep_checks()
+        if args.budget is not None:
+            config = config.with_overrides(
+                deep={**config.deep.model_dump(), "budget_s": args.budget}
+            )
+    elif args.budget is not None:
+        raise ConfigError("--budget applies to --deep only")
+    report = run_all(checks, sources, config, FALLBACKS)
     origin = str(args.bundle) if args.bundle is not None else "live node"
     if args.json:
         print(to_json(report, origin=origin))
