@@ -15,8 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpuguard.config import DeepChecks, GpuFigures, describe_invalid, read_yaml_mapping
 from gpuguard.errors import ConfigError
 
-METRICS = ("matmul", "memory", "host_link", "nvlink")
-
 # PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG).
 _PCIE_GT_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 _PCIE_ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 1.0}
