@@ -24,6 +24,7 @@ from gpuguard.model import Status
 from gpuguard.render import to_json, to_table
 from gpuguard.runner import run_all
 from gpuguard.sources import BundleSources, LiveSources, Sources
+from gpuguard.training.options import add_arguments as add_run_arguments
 
 EXIT_CODES = {Status.HEALTHY: 0, Status.DEGRADED: 1, Status.UNHEALTHY: 2, Status.UNKNOWN: 3}
 EXIT_USAGE = 64
@@ -109,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", type=Path, metavar="FILE", help="YAML configuration file"
     )
 
+    run = commands.add_parser(
+        "run",
+        help="run a training job; restart it after interruptions, stop a crash loop",
+        description="Run a training job; restart it after interruptions.",
+    )
+    add_run_arguments(run)
+
     xid = commands.add_parser("xid", help="explain an Xid code and what gpuguard does about it")
     xid.add_argument("code", type=int, metavar="N")
     return parser
@@ -121,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command == "bundle":
             return _bundle_collect(args)
+        if args.command == "run":
+            from gpuguard.training.launcher import run_launcher
+
+            return run_launcher(args)
         if args.command == "controller":
             from gpuguard.controller.main import run_controller
 

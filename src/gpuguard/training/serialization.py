@@ -1,0 +1,148 @@
+"""Turning the state a training script hands over into bytes on disk, and back.
+
+State is any picklable structure of dicts, lists and tuples. PyTorch modules and optimizers
+in it are replaced by their ``state_dict()``; when it holds anything from torch the whole
+state is written with ``torch.save`` (torch's own format), otherwise with `pickle`
+(protocol 5, so NumPy arrays go out without an extra copy). Pickle runs code on load: that
+is acceptable here because a job only loads checkpoints it wrote itself, into a directory it
+owns, after their checksum matched; never point a job at checkpoints from elsewhere.
+
+Neither NumPy nor torch is imported here: a state can only hold their objects if the
+script already imported them, so `sys.modules` tells whether to look for them.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+Serializer = Literal["pickle", "torch"]
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None))
+
+
+class Writable(Protocol):
+    def write(self, data: Any, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The state as it will be written, and how."""
+
+    state: Any
+    serializer: Serializer
+
+
+class StagingArea:
+    """Host-memory copies of a state's arrays and tensors, reused from one asynchronous
+    save to the next.
+
+    Copying into buffers that already exist costs a third of allocating new ones (no page
+    faults), and that copy is all the training loop waits for. A buffer is reused only
+    once the save that wrote it has finished; the `Checkpointer` guarantees that by
+    keeping at most one save in flight.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], Any] = {}
+        self._next: dict[tuple[Any, ...], Any] = {}
+
+    def array(self, path: tuple[Any, ...], source: Any) -> Any:
+        if source.dtype.hasobject:  # object arrays hold references: copy what they point to
+            return copy.deepcopy(source)
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            buffer = source.copy()
+        else:
+            buffer[...] = source
+        self._next[path] = buffer
+        return buffer
+
+    def tensor(self, path: tuple[Any, ...], source: Any) -> Any:
+        source = source.detach()
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            buffer = source.to("cpu", copy=True)
+        else:
+            buffer.copy_(source)
+        self._next[path] = buffer
+        return buffer
+
+    def finish(self) -> None:
+        """Forget the buffers of entries the latest state no longer has."""
+        self._buffers, self._next = self._next, {}
+
+
+def prepare(state: Any, staging: StagingArea | None) -> Prepared:
+    """The state to write. With ``staging``, every array, tensor and mutable leaf is copied
+    so that the script may change its state while the copy is written in the background;
+    without, only the containers are rebuilt (the write happens before the script goes on).
+    """
+    walker = _Walker(sys.modules.get("torch"), sys.modules.get("numpy"), staging)
+    prepared = walker.visit(state, ())
+    if staging is not None:
+        staging.finish()
+    return Prepared(prepared, "torch" if walker.uses_torch else "pickle")
+
+
+def dump(prepared: Prepared, out: Writable) -> None:
+    if prepared.serializer == "torch":
+        import torch
+
+        torch.save(prepared.state, out)
+    else:
+        pickle.dump(prepared.state, out, protocol=5)
+
+
+def load(path: Path, serializer: str, map_location: Any) -> Any:
+    """Read a payload whose checksum was already verified.
+
+    ``weights_only=False``: the state may hold NumPy arrays and plain Python objects, which
+    torch's restricted unpickler refuses; see the module docstring on trust.
+    """
+    if serializer == "torch":
+        import torch
+
+        return torch.load(path, map_location=map_location, weights_only=False)
+    if serializer == "pickle":
+        with path.open("rb") as payload:
+            return pickle.load(payload)
+    raise ValueError(f"unknown serializer {serializer!r}")
+
+
+class _Walker:
+    def __init__(self, torch: Any, numpy: Any, staging: StagingArea | None) -> None:
+        self.torch = torch
+        self.numpy = numpy
+        self.staging = staging
+        self.uses_torch = False
+
+    def visit(self, obj: Any, path: tuple[Any, ...]) -> Any:
+        torch = self.torch
+        if torch is not None:
+            if isinstance(obj, torch.nn.Module | torch.optim.Optimizer):
+                self.uses_torch = True
+                return self.visit(obj.state_dict(), path)
+            if isinstance(obj, torch.Tensor):
+                self.uses_torch = True
+                return obj if self.staging is None else self.staging.tensor(path, obj)
+        if self.numpy is not None and isinstance(obj, self.numpy.ndarray):
+            return obj if self.staging is None else self.staging.array(path, obj)
+        if isinstance(obj, dict):
+            # copy.copy keeps the mapping's type and attributes (a state_dict's _metadata).
+            rebuilt = copy.copy(obj)
+            rebuilt.update((key, self.visit(value, (*path, key))) for key, value in obj.items())
+            return rebuilt
+        if isinstance(obj, list):
+            return [self.visit(item, (*path, index)) for index, item in enumerate(obj)]
+        if isinstance(obj, tuple):
+            items = [self.visit(item, (*path, index)) for index, item in enumerate(obj)]
+            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+        if self.staging is None or isinstance(obj, _IMMUTABLE):
+            return obj
+        return copy.deepcopy(obj)
