@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi, load_api
-from tests.support.cluster import delete_created_nodes, finish_terminating_pods, install_crds
+from tests.support.cluster import finish_terminating_pods, install_crds, scratch_namespace
 from tests.support.controlplane import REPO, ControlPlane, testenv_bin
 
 
@@ -39,20 +37,15 @@ def namespace(api: KubeApi) -> Iterator[str]:
     """A namespace for one test's pods, with a stand-in kubelet that finishes deleted
     pods. Afterwards the test's nodes and episodes go too: a sick node or an episode left
     behind would count in the next test's budget and breaker."""
-    name = f"gg-{uuid.uuid4().hex[:8]}"
-    api.create(
-        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    )
-    stop = threading.Event()
-    kubelet = threading.Thread(target=finish_terminating_pods, args=(api, name, stop), daemon=True)
-    kubelet.start()
-    yield name
-    stop.set()
-    kubelet.join(5)
-    delete_created_nodes(api)
-    for obj in api.list(NODE_REMEDIATIONS.path()).items:
-        api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
-    api.delete(f"/api/v1/namespaces/{name}")
+    with scratch_namespace(api) as name:
+        stop = threading.Event()
+        kubelet = threading.Thread(
+            target=finish_terminating_pods, args=(api, name, stop), daemon=True
+        )
+        kubelet.start()
+        yield name
+        stop.set()
+        kubelet.join(5)
 
 
 @pytest.fixture(scope="module")

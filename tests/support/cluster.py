@@ -7,12 +7,14 @@ import datetime
 import json
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi, KubeConflict, Resource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,9 +49,14 @@ def install_crds(api: KubeApi) -> None:
     """gpuguard's NodeRemediation CRD and a stand-in for Karpenter's NodeClaim CRD."""
     ours = yaml.safe_load((REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml").read_text())
     for crd in (ours, NODECLAIM_CRD):
-        with contextlib.suppress(KubeConflict):  # installed by an earlier module
-            api.create(CRDS.path(), crd)
-        wait_for(lambda crd=crd: _established(api, crd["metadata"]["name"]), 30, "CRD")
+        install_crd(api, crd)
+
+
+def install_crd(api: KubeApi, crd: dict[str, Any]) -> None:
+    """Create a CRD (kept if an earlier module made it) and wait until it is served."""
+    with contextlib.suppress(KubeConflict):
+        api.create(CRDS.path(), crd)
+    wait_for(lambda: _established(api, crd["metadata"]["name"]), 30, "CRD")
 
 
 def _established(api: KubeApi, name: str) -> bool:
@@ -172,6 +179,22 @@ def make_pod(
         },
     }
     return api.create(f"/api/v1/namespaces/{namespace}/pods", body)
+
+
+@contextlib.contextmanager
+def scratch_namespace(api: KubeApi) -> Iterator[str]:
+    """A new namespace; on the way out the test's nodes and episodes, then the namespace."""
+    name = f"gg-{uuid.uuid4().hex[:8]}"
+    api.create(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    try:
+        yield name
+    finally:
+        delete_created_nodes(api)
+        for obj in api.list(NODE_REMEDIATIONS.path()).items:
+            api.delete(NODE_REMEDIATIONS.path(obj["metadata"]["name"]))
+        api.delete(f"/api/v1/namespaces/{name}")
 
 
 def finish_terminating_pods(api: KubeApi, namespace: str, stop: threading.Event) -> None:

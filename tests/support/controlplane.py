@@ -157,7 +157,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         self.stop_apiserver()
-        _terminate(self._etcd)
+        terminate(self._etcd)
         self._etcd = None
 
     def start_apiserver(self) -> None:
@@ -191,7 +191,7 @@ class ControlPlane:
         self._wait_ready()
 
     def stop_apiserver(self) -> None:
-        _terminate(self._apiserver)
+        terminate(self._apiserver)
         self._apiserver = None
 
     def _start_etcd(self) -> None:
@@ -306,7 +306,8 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
+def terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, then SIGKILL to its process group if it is still there after 15 s."""
     if proc is None or proc.poll() is not None:
         return
     proc.terminate()

@@ -1,0 +1,291 @@
+"""Jobs survive gpuguard's repairs, end to end: the real Job controller, scheduler and
+gpuguard controller, with KWOK as the kubelet (tests/support/jobsystem.py).
+
+The Job is examples/jobs/job.yaml itself (its podFailurePolicy untouched), made to fit the
+test cluster: no checkpoint volume, pinned to the test's nodes, and backoffLimit 0 so that
+a single failure charged to the job fails it for all to see. The example manifests are
+also checked against the API server's schemas, the JobSet and PyTorchJob ones through
+their CRDs as released.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuguard.controller.loop import Controller
+from gpuguard.controller.providers import provider_for
+from gpuguard.kube.rest import Json, KubeApi, KubeRejected
+from gpuguard.remediation.model import TAINT_KEY
+from gpuguard.remediation.policy import Policy
+from tests.kube.test_controller import FAST_POLICY, Running
+from tests.support.cluster import install_crd, scratch_namespace, set_health, wait_for
+from tests.support.controlplane import REPO, ControlPlane
+from tests.support.jobsystem import JobSystem, end_pod, make_kwok_node, released_crd
+
+EXAMPLES = REPO / "examples" / "jobs"
+POOL = "karpenter.sh/nodepool"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
+@pytest.fixture(scope="module")
+def job_system(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[JobSystem]:
+    system = JobSystem(control_plane, Path(tmp_path_factory.mktemp("jobsystem")))
+    try:
+        system.start()
+        yield system
+    finally:
+        system.stop()
+
+
+@pytest.fixture
+def jobs(api: KubeApi, job_system: JobSystem) -> Iterator[str]:
+    """A namespace for the test's Jobs; KWOK, not a stand-in thread, ends their pods."""
+    with scratch_namespace(api) as name:
+        yield name
+
+
+@pytest.fixture
+def start_gpuguard(api: KubeApi, jobs: str) -> Iterator[Callable[[], Controller]]:
+    running: list[Running] = []
+
+    def start() -> Controller:
+        # A long action timeout: nothing answers the reboot request, and the episode
+        # should stay put (drained, cordoned) while the test watches the Job.
+        policy = Policy(**{**FAST_POLICY, "action_timeout_s": 600})
+        controller = Controller(
+            api,
+            policy,
+            provider_for("karpenter", api),
+            namespace=jobs,
+            identity=f"test-{uuid.uuid4().hex[:6]}",
+            resync_s=0.2,
+            lease_s=3,
+            renew_s=1,
+        )
+        running.append(Running(controller.run))
+        return controller
+
+    yield start
+    for item in running:
+        item.halt()
+
+
+# --- the Job and its pods --------------------------------------------------------------
+def example(name: str) -> Json:
+    return dict(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def training_job(*, failure_policy: bool = True) -> Json:
+    """examples/jobs/job.yaml for the test cluster: every rule as written, no volume."""
+    job = copy.deepcopy(example("job.yaml"))
+    job["metadata"]["name"] = f"train-{uuid.uuid4().hex[:6]}"
+    job["spec"]["backoffLimit"] = 0
+    if not failure_policy:
+        del job["spec"]["podFailurePolicy"]
+    pod = job["spec"]["template"]["spec"]
+    del pod["volumes"]
+    for container in pod["containers"]:
+        del container["volumeMounts"]
+    return job
+
+
+def create_job(api: KubeApi, namespace: str, job: Json) -> str:
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", job)
+    return str(job["metadata"]["name"])
+
+
+def job_status(api: KubeApi, namespace: str, name: str) -> Json:
+    return dict(api.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}").get("status", {}))
+
+
+def finished_as(api: KubeApi, namespace: str, name: str) -> tuple[str, str] | None:
+    """(type, reason) of the Job's Complete or Failed condition, once it has one."""
+    for condition in job_status(api, namespace, name).get("conditions") or []:
+        if condition["type"] in ("Complete", "Failed") and condition["status"] == "True":
+            return condition["type"], condition.get("reason", "")
+    return None
+
+
+def running_pod(api: KubeApi, namespace: str, job: str, *, not_uid: str = "") -> Json | None:
+    """The Job's running pod (other than ``not_uid``), once KWOK has started it."""
+    pods = api.list(
+        f"/api/v1/namespaces/{namespace}/pods", label_selector=f"{JOB_NAME_LABEL}={job}"
+    )
+    for pod in pods.items:
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Running" and pod["metadata"]["uid"] != not_uid:
+            return pod
+    return None
+
+
+def resumed(api: KubeApi, namespace: str, job: str, first: Json) -> Json:
+    """The pod that took over from ``first``; fails at once if the Job ended instead."""
+    uid = first["metadata"]["uid"]
+    outcome = wait_for(
+        lambda: running_pod(api, namespace, job, not_uid=uid) or finished_as(api, namespace, job),
+        60,
+        "the job's pod running again",
+    )
+    assert isinstance(outcome, dict), f"the job ended instead: {job_status(api, namespace, job)}"
+    return outcome
+
+
+def node_names() -> tuple[str, str, str]:
+    """Names for a sick node, a healthy node, and the pool only this test's nodes are in."""
+    tag = uuid.uuid4().hex[:6]
+    return f"kwok-sick-{tag}", f"kwok-healthy-{tag}", f"kwok-{tag}"
+
+
+def start_on_sick_node(api: KubeApi, namespace: str, job: Json) -> tuple[str, Json, str]:
+    """The Job running on a node that will fall sick; a healthy node ready to take it over.
+    The healthy node comes after the pod is placed, so the pod lands on the sick one."""
+    sick, healthy, pool = node_names()
+    make_kwok_node(api, sick, {POOL: pool})
+    job["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
+    name = create_job(api, namespace, job)
+    first = wait_for(lambda: running_pod(api, namespace, name), 30, "the job's pod running")
+    assert first["spec"]["nodeName"] == sick
+    make_kwok_node(api, healthy, {POOL: pool})
+    return name, first, healthy
+
+
+# --- end to end ------------------------------------------------------------------------
+def test_a_drained_job_resumes_on_a_healthy_node_without_a_counted_failure(
+    api, jobs, start_gpuguard
+):
+    name, first, healthy = start_on_sick_node(api, jobs, training_job())
+    controller = start_gpuguard()
+    set_health(api, first["spec"]["nodeName"], gpu="False", action="REBOOT", codes=("XID_79",))
+
+    second = resumed(api, jobs, name, first)
+    assert second["spec"]["nodeName"] == healthy
+    assert controller.metrics.evictions.labels("evicted")._value.get() >= 1
+    assert not job_status(api, jobs, name).get("failed")
+
+    end_pod(api, second, 0)
+    assert wait_for(lambda: finished_as(api, jobs, name), 30, "the job finished") == (
+        "Complete",
+        "CompletionsReached",
+    )
+    status = job_status(api, jobs, name)
+    assert status["succeeded"] == 1 and not status.get("failed")
+
+
+def test_a_job_whose_pod_gpuguard_kills_is_not_charged(api, jobs, start_gpuguard):
+    name, first, healthy = start_on_sick_node(api, jobs, training_job())
+    sick = first["spec"]["nodeName"]
+    controller = start_gpuguard()
+    set_health(api, sick, gpu="False", action="KILL_JOB", codes=("XID_13",))
+
+    second = resumed(api, jobs, name, first)
+    assert second["spec"]["nodeName"] == healthy
+    assert controller.metrics.actions.labels("KillPods", "ok")._value.get() >= 1
+    assert controller.metrics.evictions.labels("evicted")._value.get() == 0  # killed, not evicted
+    assert not job_status(api, jobs, name).get("failed")
+    set_health(api, sick)  # the job's fault went with its pod
+
+    end_pod(api, second, 0)
+    assert wait_for(lambda: finished_as(api, jobs, name), 30, "the job finished")[0] == "Complete"
+    assert not job_status(api, jobs, name).get("failed")
+
+
+def test_without_the_failure_policy_the_same_drain_fails_the_job(api, jobs, start_gpuguard):
+    job = training_job(failure_policy=False)
+    name, first, _ = start_on_sick_node(api, jobs, job)
+    start_gpuguard()
+    set_health(api, first["spec"]["nodeName"], gpu="False", action="REBOOT", codes=("XID_79",))
+
+    assert wait_for(lambda: finished_as(api, jobs, name), 60, "the job failed") == (
+        "Failed",
+        "BackoffLimitExceeded",
+    )
+    assert job_status(api, jobs, name)["failed"] == 1
+
+
+def test_a_kill_without_disruption_target_is_charged_despite_the_policy(api, jobs):
+    """What kill_pods' DisruptionTarget condition is for: the same delete without it
+    leaves the Job controller nothing to tell a repair from a crash."""
+    name, first, _ = start_on_sick_node(api, jobs, training_job())
+    meta = first["metadata"]
+    api.delete(
+        f"/api/v1/namespaces/{jobs}/pods/{meta['name']}", {"preconditions": {"uid": meta["uid"]}}
+    )
+
+    assert wait_for(lambda: finished_as(api, jobs, name), 30, "the job failed") == (
+        "Failed",
+        "BackoffLimitExceeded",
+    )
+
+
+def test_the_examples_exit_codes_preempted_is_ignored_and_an_application_error_fails(api, jobs):
+    name, first, _ = start_on_sick_node(api, jobs, training_job())
+    end_pod(api, first, 75)  # gpuguard run: "preempted, resume me"
+    second = resumed(api, jobs, name, first)
+    assert not job_status(api, jobs, name).get("failed")
+
+    end_pod(api, second, 1)  # the script's error, after gpuguard run's own retries
+    assert wait_for(lambda: finished_as(api, jobs, name), 30, "the job failed") == (
+        "Failed",
+        "PodFailurePolicy",
+    )
+
+
+# --- the example manifests against the API server's schemas -----------------------------
+CRDS = ("jobset.x-k8s.io_jobsets.yaml", "kubeflow.org_pytorchjobs.yaml")
+CREATE_PATHS = {
+    "job.yaml": "/apis/batch/v1/namespaces/default/jobs",
+    "jobset.yaml": "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets",
+    "pytorchjob.yaml": "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs",
+}
+# Strict: a field the schema lacks is an error, not silently pruned.
+DRY_RUN = "?dryRun=All&fieldValidation=Strict"
+
+
+@pytest.fixture(scope="module")
+def workload_crds(api: KubeApi) -> None:
+    """JobSet's and Kubeflow's CRDs as released (hack/testenv fetches them)."""
+    for name in CRDS:
+        install_crd(api, released_crd(name))
+
+
+@pytest.mark.parametrize("manifest", sorted(CREATE_PATHS))
+def test_example_manifest_is_accepted_by_the_api_server(api, workload_crds, manifest):
+    created = api.create(CREATE_PATHS[manifest] + DRY_RUN, example(manifest))
+    assert created["metadata"]["name"] == "train-llm"
+
+
+@pytest.mark.parametrize("manifest", sorted(CREATE_PATHS))
+def test_a_misspelt_field_in_an_example_would_be_caught(api, workload_crds, manifest):
+    broken = example(manifest)
+    broken["spec"]["terminationGracePeriod"] = 300
+    with pytest.raises(KubeRejected, match="terminationGracePeriod"):
+        api.create(CREATE_PATHS[manifest] + DRY_RUN, broken)
+
+
+def pod_templates(manifest: Json) -> list[Json]:
+    spec = manifest["spec"]
+    if manifest["kind"] == "Job":
+        return [spec["template"]]
+    if manifest["kind"] == "JobSet":
+        return [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
+    return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+
+
+@pytest.mark.parametrize("manifest", sorted(CREATE_PATHS))
+def test_examples_leave_sick_nodes_alone_and_give_time_to_checkpoint(manifest):
+    templates = pod_templates(example(manifest))
+    assert templates
+    for template in templates:
+        spec: dict[str, Any] = template["spec"]
+        for toleration in spec.get("tolerations", []):
+            assert toleration.get("key") not in (TAINT_KEY, None, "")
+        assert spec["terminationGracePeriodSeconds"] >= 120

@@ -1,0 +1,161 @@
+"""The rest of a cluster for the Job tests, on the session's API server: the Job controller
+(kube-controller-manager running that controller alone), kube-scheduler, and KWOK as the
+kubelet of the nodes that carry KWOK's annotation.
+
+Only what Jobs need runs, because every Kubernetes test shares the API server: a node
+lifecycle controller would taint the other tests' kubelet-less nodes NotReady and evict
+their pods, a namespace controller would empty their namespaces. KWOK likewise manages
+only the annotated nodes; its pod stages are in ``kwok-stages.yaml`` next to this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuguard.kube.rest import Json, KubeApi
+from tests.support.cluster import CREATED_NODES
+from tests.support.controlplane import (
+    START_TIMEOUT_S,
+    ControlPlane,
+    free_port,
+    terminate,
+    testenv_bin,
+)
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # KWOK's own convention, value "fake"
+EXIT_CODE_ANNOTATION = "test.gpuguard.io/exit-code"  # read by the pod-exit stage
+STAGES = Path(__file__).with_name("kwok-stages.yaml")
+
+
+class JobSystem:
+    """kube-controller-manager (Job controller), kube-scheduler and KWOK, all on loopback,
+    each with a log in ``workdir``; ``stop`` ends whichever of them started."""
+
+    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+        self.plane = plane
+        self.workdir = workdir
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self) -> None:
+        # The admin credentials: the controller manager's own role only suits it with
+        # per-controller ServiceAccounts, which would need the token controllers too.
+        kubeconfig = f"--kubeconfig={self.plane.admin_kubeconfig}"
+        port = free_port()
+        self._start(
+            "kube-controller-manager",
+            [
+                kubeconfig,
+                "--controllers=job-controller",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'kcm-certs'}",
+                "--v=2",
+            ],
+            f"https://127.0.0.1:{port}/healthz",
+        )
+        port = free_port()
+        self._start(
+            "kube-scheduler",
+            [
+                kubeconfig,
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'scheduler-certs'}",
+                "--v=2",
+            ],
+            f"https://127.0.0.1:{port}/healthz",
+        )
+        port = free_port()
+        self._start(
+            "kwok",
+            [
+                kubeconfig,
+                f"--config={STAGES}",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                f"--server-address=127.0.0.1:{port}",
+                "--node-lease-duration-seconds=40",
+            ],
+            f"http://127.0.0.1:{port}/healthz",
+        )
+
+    def stop(self) -> None:
+        for proc in self._procs.values():
+            terminate(proc)
+        self._procs.clear()
+
+    def check_running(self) -> None:
+        """Raise, naming the log, if a component has exited (a wait would only time out)."""
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc.returncode}); see {self._log(name)}")
+
+    def _start(self, name: str, args: list[str], health_url: str) -> None:
+        with self._log(name).open("ab") as log:
+            self._procs[name] = subprocess.Popen(
+                [str(self.plane.bin / name), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_healthy(name, health_url)
+
+    def _wait_healthy(self, name: str, url: str) -> None:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # each serves a self-signed certificate
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.check_running()
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(url, context=context, timeout=2) as answer,
+            ):
+                if answer.status == 200:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"{name} not healthy after {START_TIMEOUT_S}s; see {self._log(name)}")
+
+    def _log(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+
+def make_kwok_node(api: KubeApi, name: str, labels: dict[str, str], gpus: int = 8) -> None:
+    """A GPU node KWOK runs the pods of; deleted after the test like ``make_node``'s.
+    Its capacity comes with it (a Node may be created with its status): KWOK keeps it."""
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION: "fake"}},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+    api.create("/api/v1/nodes", body)
+    CREATED_NODES.append(name)
+    # The API server taints a new Node not-ready; the node lifecycle controller, which is
+    # not running here, would lift it once KWOK reports the node Ready.
+    api.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
+
+
+def end_pod(api: KubeApi, pod: Json, exit_code: int) -> None:
+    """Make the pod's containers exit with ``exit_code`` (KWOK's pod-exit stage reads it)."""
+    meta = pod["metadata"]
+    api.patch(
+        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+        {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: str(exit_code)}}},
+    )
+
+
+def released_crd(filename: str) -> Json:
+    """A workload CRD as its project released it (JobSet, Kubeflow), from hack/testenv."""
+    return dict(yaml.safe_load((testenv_bin() / "crds" / filename).read_text()))
