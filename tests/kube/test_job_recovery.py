@@ -10,7 +10,6 @@ their CRDs as released.
 
 from __future__ import annotations
 
-import copy
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.cli import build_parser
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.providers import provider_for
 from gpuguard.kube.rest import Json, KubeApi, KubeRejected
@@ -49,6 +49,7 @@ def job_system(
 @pytest.fixture
 def jobs(api: KubeApi, job_system: JobSystem) -> Iterator[str]:
     """A namespace for the test's Jobs; KWOK, not a stand-in thread, ends their pods."""
+    job_system.check_running()
     with scratch_namespace(api) as name:
         yield name
 
@@ -86,7 +87,7 @@ def example(name: str) -> Json:
 
 def training_job(*, failure_policy: bool = True) -> Json:
     """examples/jobs/job.yaml for the test cluster: every rule as written, no volume."""
-    job = copy.deepcopy(example("job.yaml"))
+    job = example("job.yaml")
     job["metadata"]["name"] = f"train-{uuid.uuid4().hex[:6]}"
     job["spec"]["backoffLimit"] = 0
     if not failure_policy:
@@ -289,3 +290,18 @@ def test_examples_leave_sick_nodes_alone_and_give_time_to_checkpoint(manifest):
         for toleration in spec.get("tolerations", []):
             assert toleration.get("key") not in (TAINT_KEY, None, "")
         assert spec["terminationGracePeriodSeconds"] >= 120
+
+
+@pytest.mark.parametrize("manifest", sorted(CREATE_PATHS))
+def test_examples_run_their_script_under_gpuguard_run_with_checkpoints_on_the_volume(manifest):
+    for template in pod_templates(example(manifest)):
+        for container in template["spec"]["containers"]:
+            command = container["command"]
+            assert command[:2] == ["gpuguard", "run"]
+            launcher = build_parser().parse_args(command[1:])  # exits on an unknown option
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            assert str(launcher.checkpoint_dir) in mounts
+            job = [word for word in launcher.job_command if word != "--"]
+            assert job[0] in ("python", "torchrun")
+            if job[0] == "torchrun":  # one layer owns the retries: gpuguard run's
+                assert "--max-restarts=0" in job
