@@ -1,7 +1,8 @@
 """``gpuguard agent``: checks on a schedule, the kernel log followed, conditions published.
 
-Three kinds of thread: one loop per scheduled check, one kernel-log follower, and the
-publisher (the caller's thread). They share one state object; the publisher wakes on every
+Four kinds of thread: one loop per scheduled check, one kernel-log follower, the deep
+check (``deep.py``: rare, long, only on idle GPUs or on request), and the publisher (the
+caller's thread). They share one state object; the publisher wakes on every
 change, so a new Xid line reaches the Node in about a second. Nothing is published before
 every check has run once: a restarted agent never reports a known-bad node healthy
 because it has not looked yet.
@@ -25,14 +26,17 @@ from gpuguard.agent.conditions import (
     desired_conditions,
     plan_write,
 )
+from gpuguard.agent.deep import DeepRun, DeepSchedule, Idleness, nvml_idleness
 from gpuguard.agent.follow import Follower
 from gpuguard.agent.kernel_state import KernelState, decode_memory, encode_memory, lasting
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.base import Check, CheckContext
+from gpuguard.checks.load.checks import DeepGpuCheck
 from gpuguard.config import Config
 from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
+from gpuguard.kube.times import format_time
 from gpuguard.model import Action, CheckResult, Layer, NodeReport, Outcome, Severity
-from gpuguard.remediation.model import REPORT_ANNOTATION
+from gpuguard.remediation.model import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.runner import RepeatingCheck, assess, inconclusive_result
 from gpuguard.sources import Sources
 
@@ -69,7 +73,11 @@ class Agent:
         api: NodeApi | None,
         metrics: AgentMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        deep_check: Check | None = None,
+        idleness: Callable[[], Idleness] | None = None,
     ) -> None:
+        """``deep_check``/``idleness`` default to the PyTorch suite and NVML's activity."""
         self.config = config
         self.sources = sources
         self.node_name = node_name
@@ -87,7 +95,18 @@ class Agent:
         self._kernel_status: CheckResult | None = None
         self._published = _Published()
         self._report_requested = threading.Event()
-        self._kicks: list[threading.Event] = []
+        self._deep = DeepSchedule(
+            deep_check or DeepGpuCheck(),
+            config,
+            sources,
+            idleness=idleness or nvml_idleness(config.deep.idle_utilization_percent),
+            on_run=self._take_deep_run,
+            metrics=self.metrics,
+            clock=clock,
+        )
+        self._last_deep: DeepRun | None = None
+        self._verify: DeepRun | None = None  # the answer to the latest verify request
+        self._kicks: list[threading.Event] = [self._deep.wake]
 
     # --- running ------------------------------------------------------------------
     def start_observers(self, stop: threading.Event) -> None:
@@ -104,6 +123,7 @@ class Agent:
                 daemon=True,
             ).start()
         threading.Thread(target=self._follow, args=(stop,), name="kernel-log", daemon=True).start()
+        threading.Thread(target=self._deep.run, args=(stop,), name="deep", daemon=True).start()
 
     def run(self, stop: threading.Event) -> None:
         """Observe and publish until ``stop`` is set. Never raises on API errors."""
@@ -184,6 +204,15 @@ class Agent:
             kick.wait(self.config.interval_for(name))
             kick.clear()
 
+    def _take_deep_run(self, run: DeepRun) -> None:
+        """A deep verdict folds into the GPU layer until the next run replaces it."""
+        with self._lock:
+            self._results[run.result.check] = run.result
+            self._last_deep = run
+            if run.requested_at is not None:
+                self._verify = run
+        self.request_fresh_report()
+
     def _skip_as_fallback(self, name: str) -> bool:
         # nvidia-smi stands in for NVML; it runs only while NVML gives no verdict.
         if name != "nvidia-smi" or self.config.cross_check:
@@ -223,6 +252,7 @@ class Agent:
         """Bring the Node up to date; True when there was something to decide."""
         assert self.api is not None
         published = self._published
+        first_read = published.node is None
         if published.node is None:
             published.node = self.api.get_node(self.node_name)
             published.conditions = {
@@ -238,6 +268,12 @@ class Agent:
         self.metrics.observe_report(report)
         now = self._clock()
         heartbeat_due = now - published.last_heartbeat >= self.config.heartbeat_interval_s
+        if heartbeat_due and not first_read:  # the controller's verify request, if any
+            published.node = self.api.get_node(self.node_name)
+        assert published.node is not None
+        stamp = published.node.annotations.get(VERIFY_REQUEST_ANNOTATION)
+        if stamp:
+            self._deep.request_verify(stamp)
         write = plan_write(
             self.desired(report),
             published.conditions or {},
@@ -267,6 +303,8 @@ class Agent:
             self._kernel.forget_gpus(gpus)
         with self._lock:
             self._first_round = {c.name for c in self._checks}  # report only fresh results
+            if self._last_deep is not None:  # a verdict on the GPUs as they were before
+                self._results.pop(self._last_deep.result.check, None)
         for kick in self._kicks:
             kick.set()
         self.request_fresh_report()
@@ -311,10 +349,16 @@ class Agent:
         memory = encode_memory(self.sources.boot_id(), findings) if findings else ""
         if memory != (published.memory or ""):
             changes[MEMORY_ANNOTATION] = memory or None
-        content = report_layers(report)
+        with self._lock:
+            deep = deep_entries(self._last_deep, self._verify)
+        content = report_layers(report) + json.dumps(deep, sort_keys=True)
         if refresh or content != published.report:
             changes[REPORT_ANNOTATION] = json.dumps(
-                {"reportedAt": _utc_now(precise=True), "layers": json.loads(content)},
+                {
+                    "reportedAt": _utc_now(precise=True),
+                    "layers": json.loads(report_layers(report)),
+                    **deep,
+                },
                 sort_keys=True,
             )
         if changes:
@@ -339,6 +383,27 @@ def report_layers(report: NodeReport) -> str:
             "gpus": sorted({f.component.id for f in problems if f.component.kind == "gpu"}),
         }
     return json.dumps(layers, sort_keys=True)
+
+
+def deep_entries(last: DeepRun | None, verify: DeepRun | None) -> dict[str, object]:
+    """The report's ``deep`` (the latest run) and ``verify`` (the answer to the latest
+    request, its stamp echoed exactly as the controller wrote it) entries, when there are."""
+    entries: dict[str, object] = {}
+    if last is not None:
+        entries["deep"] = {
+            "at": format_time(last.finished_at),
+            "trigger": last.trigger,
+            "verdict": last.verdict,
+            "codes": last.codes,
+        }
+    if verify is not None:
+        entries["verify"] = {
+            "requestedAt": verify.requested_at,
+            "at": format_time(verify.finished_at),
+            "passed": verify.passed,
+            "codes": verify.codes,
+        }
+    return entries
 
 
 def _utc_now(*, precise: bool = False) -> str:

@@ -63,6 +63,24 @@ class AgentMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.deep_runs = Counter(
+            "gpuguard_deep_check_runs_total",
+            "Deep GPU check runs by trigger (schedule, verify) and verdict",
+            ["trigger", "verdict"],
+            registry=self.registry,
+        )
+        self.deep_last_run = Gauge(
+            "gpuguard_deep_check_last_run_timestamp_seconds",
+            "When the deep GPU check last finished, by trigger",
+            ["trigger"],
+            registry=self.registry,
+        )
+        self.deep_skipped = Counter(
+            "gpuguard_deep_check_skipped_total",
+            "Scheduled deep checks put off: GPUs busy, or their activity unknown",
+            ["reason"],
+            registry=self.registry,
+        )
         self._alive_at = time.monotonic()
         self.ready = threading.Event()
 

@@ -17,6 +17,8 @@ TAINT_KEY = "gpuguard.io/unhealthy"
 EXCLUDE_LABEL = "gpuguard.io/exclude"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 REPORT_ANNOTATION = "gpuguard.io/report"
+# On a Node: the controller asks its agent to run the deep suite now (an RFC 3339 stamp).
+VERIFY_REQUEST_ANNOTATION = "gpuguard.io/verify-requested"
 CORDONED_BY_US_ANNOTATION = "gpuguard.io/cordoned"
 GPU_IDS_ANNOTATION = "gpuguard.io/gpu-ids"  # on a Pod: the GPUs it was given, when known
 
@@ -27,7 +29,7 @@ class Phase(StrEnum):
     QUARANTINED = "Quarantined"  # tainted NoSchedule; waiting out the finding's tolerance
     DRAINING = "Draining"  # evicting the pods the chosen rung must move
     ACTING = "Acting"  # the rung's action was requested (agent, provider) and is running
-    VERIFYING = "Verifying"  # action done; waiting for a fresh healthy report
+    VERIFYING = "Verifying"  # action done; waiting for a fresh healthy report (and verify)
     CLOSED = "Closed"  # healthy again (or replaced); taint and our cordon removed
 
 
@@ -55,6 +57,15 @@ class LayerReport:
 
 
 @dataclass(frozen=True)
+class VerifyAnswer:
+    """The agent's answer to a verify request: the deep suite's verdict after a repair."""
+
+    requested_at: float  # the stamp of the request it answers, as the controller wrote it
+    passed: bool
+    codes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class NodeObservation:
     """The projection of one Node the policy needs (never the whole object)."""
 
@@ -69,6 +80,8 @@ class NodeObservation:
     cordoned_by_us: bool = False
     pods_to_move: int = 0  # evictable pods the current drain still has to move
     exists: bool = True
+    verify_requested_at: float | None = None  # the verify request on the Node, if any
+    verify: VerifyAnswer | None = None  # the agent's latest verify answer
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,8 @@ class DecisionKind(StrEnum):
     EVICT_PODS = "EvictPods"  # drain: all evictable pods, or only those on ``gpus``
     KILL_PODS = "KillPods"  # KILL_JOB: delete the pods on ``gpus`` (DisruptionTarget first)
     REQUEST_ACTION = "RequestAction"  # ask the node's agent: RESET_GPU (``gpus``) or REBOOT
+    REQUEST_VERIFY = "RequestVerify"  # ask the node's agent for the deep suite (``requested_at``)
+    CLEAR_VERIFY = "ClearVerify"  # remove a verify request once its episode is over
     REPLACE = "Replace"  # delete the NodeClaim (or the provider's equivalent)
     RECORD = "Record"  # persist the episode (every phase change) and emit an Event
 
@@ -138,6 +153,7 @@ class Decision:
     action: Action | None = None
     gpus: tuple[str, ...] = ()
     attempt: int = 0
+    requested_at: float | None = None  # REQUEST_VERIFY: the request's stamp
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,200 @@
+"""The deep GPU check in the agent: rarely, while the GPUs are idle, and on the controller's
+request before a repaired node returns to service.
+
+It has a thread of its own: the suite takes up to a minute, and the kernel-log follower
+and the regular checks must not wait for it. It runs through the same fail-closed runner
+as every other check, so a hung suite is a ``CHECK_TIMED_OUT`` verdict on the GPU layer.
+A scheduled run never interrupts work: it needs every GPU idle as NVML reports it, and
+when NVML cannot tell, it does not run. A verify runs at once (the node is drained); its
+answer echoes the request's stamp, so the controller can tell it from an older answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpuguard.agent.metrics import AgentMetrics
+from gpuguard.checks.base import Check, CheckContext
+from gpuguard.checks.nvml import nvml_session
+from gpuguard.config import Config
+from gpuguard.errors import CheckError
+from gpuguard.model import OUTCOME_CODES, CheckResult, Outcome, Severity
+from gpuguard.runner import RepeatingCheck
+from gpuguard.sources import Sources
+
+log = logging.getLogger("gpuguard.agent")
+
+# The check cannot run on this node at all: stop scheduling it (a verify still asks).
+NEVER_RUNS = (Outcome.TOOL_MISSING, Outcome.NOT_APPLICABLE)
+
+
+class Activity(StrEnum):
+    IDLE = "idle"
+    BUSY = "busy"
+    UNKNOWN = "unknown"  # NVML absent or failing: not known to be idle, so not idle
+
+
+@dataclass(frozen=True)
+class Idleness:
+    activity: Activity
+    why: str = ""
+
+
+def read_idleness(nvml: Any, busy_percent: float) -> Idleness:
+    """Idle means no compute process on any GPU and each at most ``busy_percent`` busy."""
+    if nvml is None:
+        return Idleness(Activity.UNKNOWN, "pynvml is not installed: GPU activity unknown")
+    try:
+        with nvml_session(nvml):
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                if processes:
+                    why = f"GPU {index} runs {len(processes)} compute process(es)"
+                    return Idleness(Activity.BUSY, why)
+                used = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                if used > busy_percent:
+                    why = f"GPU {index} is {used}% busy (idle: at most {busy_percent:g}%)"
+                    return Idleness(Activity.BUSY, why)
+    except (CheckError, nvml.NVMLError) as exc:
+        return Idleness(Activity.UNKNOWN, f"cannot read GPU activity through NVML: {exc}")
+    return Idleness(Activity.IDLE)
+
+
+def nvml_idleness(busy_percent: float) -> Callable[[], Idleness]:
+    try:
+        import pynvml
+    except ImportError:
+        pynvml = None
+    return lambda: read_idleness(pynvml, busy_percent)
+
+
+@dataclass(frozen=True)
+class DeepRun:
+    """One finished run of the deep check; ``requested_at`` is the verify stamp it answers."""
+
+    trigger: str  # "schedule" or "verify"
+    result: CheckResult
+    finished_at: float  # epoch seconds, this node's clock
+    requested_at: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """A verdict with nothing above INFO; no verdict (no PyTorch, hung) never passes."""
+        return self.result.outcome is Outcome.OK and not self.codes
+
+    @property
+    def codes(self) -> list[str]:
+        """What kept it from passing: problem findings, or the reason there was no verdict."""
+        no_verdict = set(OUTCOME_CODES.values())
+        return sorted(
+            {
+                f.code
+                for f in self.result.findings
+                if f.severity > Severity.INFO or f.code in no_verdict
+            }
+        )
+
+    @property
+    def verdict(self) -> str:
+        if self.result.outcome is not Outcome.OK:
+            return str(self.result.outcome)
+        return "passed" if self.passed else "failed"
+
+
+class DeepSchedule:
+    """Runs the deep check every ``deep.interval_s`` while idle, and each verify request."""
+
+    def __init__(
+        self,
+        check: Check,
+        config: Config,
+        sources: Sources,
+        *,
+        idleness: Callable[[], Idleness],
+        on_run: Callable[[DeepRun], None],
+        metrics: AgentMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._runner = RepeatingCheck(
+            check, CheckContext(sources, config, config.timeout_for(check.name))
+        )
+        self._interval = config.deep.interval_s
+        self._retry_s = config.check_interval_s  # how soon to look again at busy GPUs
+        self._idleness = idleness
+        self._on_run = on_run
+        self._metrics = metrics
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._pending: str | None = None
+        self._answered: str | None = None
+        self._last_skip = ""
+        self.wake = threading.Event()
+
+    def request_verify(self, stamp: str) -> None:
+        """Run the suite as soon as possible for the request stamped ``stamp`` (once)."""
+        with self._lock:
+            if stamp in (self._pending, self._answered):
+                return
+            self._pending = stamp
+        self.wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        due = self._clock() + self._interval if self._interval is not None else None
+        while not stop.is_set():
+            self.wake.clear()
+            with self._lock:
+                stamp, self._pending = self._pending, None
+            if stamp is not None:
+                self._run("verify", stamp)
+                with self._lock:
+                    self._answered = stamp
+            elif due is not None and self._clock() >= due:
+                due = self._scheduled_run()
+            wait = None if due is None else max(0.0, due - self._clock())
+            self.wake.wait(wait)
+
+    def _scheduled_run(self) -> float | None:
+        """Run if idle; returns when to look again (None: never, the check cannot run)."""
+        assert self._interval is not None
+        idle = self._idleness()
+        if idle.activity is not Activity.IDLE:
+            self._metrics.deep_skipped.labels(str(idle.activity)).inc()
+            if idle.why != self._last_skip:  # a line when the reason changes, not per retry
+                log.info("scheduled deep check waits: %s", idle.why)
+                self._last_skip = idle.why
+            return self._clock() + self._retry_s
+        self._last_skip = ""
+        run = self._run("schedule", None)
+        if run.result.outcome in NEVER_RUNS:
+            log.warning(
+                "scheduled deep check stopped (it cannot run on this node): %s",
+                run.result.detail,
+            )
+            return None
+        return self._clock() + self._interval
+
+    def _run(self, trigger: str, stamp: str | None) -> DeepRun:
+        log.info("deep check starting (%s)", trigger if stamp is None else f"verify {stamp}")
+        result = self._runner.run_once()
+        run = DeepRun(trigger, result, self._wall(), stamp)
+        self._metrics.observe_check(result)
+        self._metrics.deep_runs.labels(trigger, run.verdict).inc()
+        self._metrics.deep_last_run.labels(trigger).set(run.finished_at)
+        log.info(
+            "deep check (%s) %s in %.0fs%s",
+            trigger,
+            run.verdict,
+            result.duration_s,
+            f": {', '.join(run.codes)}" if run.codes else "",
+        )
+        self._on_run(run)
+        return run

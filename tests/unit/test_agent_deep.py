@@ -1,0 +1,266 @@
+"""The agent's deep-check schedule: idle GPUs only, once-only give-up, verify on request,
+hung suites failing the GPU layer closed, and the rest of the agent never waiting for it."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import ClassVar
+
+import pynvml
+import pytest
+
+from gpuguard.agent.daemon import Agent, deep_entries
+from gpuguard.agent.deep import (
+    Activity,
+    DeepRun,
+    DeepSchedule,
+    Idleness,
+    read_idleness,
+)
+from gpuguard.agent.follow import FileFollower
+from gpuguard.agent.metrics import AgentMetrics
+from gpuguard.checks.base import CheckContext
+from gpuguard.config import Config
+from gpuguard.errors import ToolMissing
+from gpuguard.model import NODE, Action, Finding, Layer, Outcome, Severity, Status
+from gpuguard.sources import BundleSources
+from tests.support.cluster import wait_for
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+IDLE = Idleness(Activity.IDLE)
+BUSY = Idleness(Activity.BUSY, "GPU 0 runs 1 compute process(es)")
+
+
+# --- reading idleness through NVML ---------------------------------------------------------
+class ActivityNvml:
+    """pynvml's activity calls over a list of (processes, utilization %) per GPU."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, gpus: list[tuple[int, int]], broken: bool = False) -> None:
+        self.gpus = gpus
+        self.broken = broken
+
+    def nvmlInit(self) -> None:
+        if self.broken:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[object]:
+        return [SimpleNamespace(pid=100 + n) for n in range(self.gpus[handle][0])]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=self.gpus[handle][1], memory=0)
+
+
+def test_idle_needs_no_process_and_low_utilization_on_every_gpu():
+    assert read_idleness(ActivityNvml([(0, 0), (0, 5)]), 5.0).activity is Activity.IDLE
+    busy = read_idleness(ActivityNvml([(0, 0), (2, 0)]), 5.0)
+    assert busy == Idleness(Activity.BUSY, "GPU 1 runs 2 compute process(es)")
+    hot = read_idleness(ActivityNvml([(0, 6)]), 5.0)
+    assert hot.activity is Activity.BUSY and "6% busy" in hot.why
+
+
+def test_unreadable_activity_is_not_idle_and_says_why():
+    missing = read_idleness(None, 5.0)
+    assert missing.activity is Activity.UNKNOWN and "pynvml is not installed" in missing.why
+    broken = read_idleness(ActivityNvml([(0, 0)], broken=True), 5.0)
+    assert broken.activity is Activity.UNKNOWN and "nvmlInit failed" in broken.why
+
+
+# --- the schedule ----------------------------------------------------------------------------
+class FakeDeepCheck:
+    """Stands in for the PyTorch suite: counts runs, then does what ``behave`` says."""
+
+    name: ClassVar[str] = "deep-gpu"
+    layer: ClassVar[Layer] = Layer.GPU
+
+    def __init__(self, behave: Callable[[], list[Finding]] = list) -> None:
+        self.behave = behave
+        self.runs = 0
+
+    def run(self, ctx: CheckContext) -> list[Finding]:
+        self.runs += 1
+        return self.behave()
+
+
+def fast_config(**deep: object) -> Config:
+    return Config(check_interval_s=0.05, deep={"interval_s": 0.05, **deep})
+
+
+@pytest.fixture
+def schedule() -> Iterator[Callable[..., tuple[DeepSchedule, list[DeepRun], AgentMetrics]]]:
+    stops: list[threading.Event] = []
+
+    def start(check, config, idleness=lambda: IDLE):
+        runs: list[DeepRun] = []
+        metrics = AgentMetrics()
+        sources = BundleSources(EXAMPLES / "healthy-h100")
+        deep = DeepSchedule(
+            check, config, sources, idleness=idleness, on_run=runs.append, metrics=metrics
+        )
+        stop = threading.Event()
+        stops.append(stop)
+        threading.Thread(target=deep.run, args=(stop,), daemon=True).start()
+        return deep, runs, metrics
+
+    yield start
+    for stop in stops:
+        stop.set()
+
+
+def test_runs_every_interval_while_idle(schedule):
+    check = FakeDeepCheck()
+    _, runs, metrics = schedule(check, fast_config())
+    wait_for(lambda: len(runs) >= 3, 5, "three scheduled runs")
+    assert all(r.trigger == "schedule" and r.passed and r.requested_at is None for r in runs)
+    assert metrics.deep_runs.labels("schedule", "passed")._value.get() >= 3
+    assert metrics.deep_last_run.labels("schedule")._value.get() == pytest.approx(
+        time.time(), abs=5
+    )
+
+
+@pytest.mark.parametrize("idleness", [BUSY, Idleness(Activity.UNKNOWN, "NVML failed")])
+def test_busy_or_unknown_gpus_put_the_run_off_and_say_why_once(schedule, caplog, idleness):
+    caplog.set_level(logging.INFO, "gpuguard.agent")
+    check = FakeDeepCheck()
+    _, runs, metrics = schedule(check, fast_config(), idleness=lambda: idleness)
+    skipped = metrics.deep_skipped.labels(str(idleness.activity))
+    wait_for(lambda: skipped._value.get() >= 3, 5, "three skips")
+    assert check.runs == 0 and runs == []
+    lines = [r.message for r in caplog.records if "waits" in r.message]
+    assert lines == [f"scheduled deep check waits: {idleness.why}"]
+
+
+def test_without_pytorch_the_schedule_stops_after_one_try(schedule, caplog):
+    caplog.set_level(logging.INFO, "gpuguard.agent")
+
+    def no_torch() -> list[Finding]:
+        raise ToolMissing("PyTorch is not installed")
+
+    check = FakeDeepCheck(no_torch)
+    deep, runs, _ = schedule(check, fast_config())
+    wait_for(lambda: runs, 5, "the first run")
+    time.sleep(0.4)  # eight intervals
+    assert check.runs == 1
+    assert runs[0].verdict == "tool_missing" and runs[0].codes == ["TOOL_MISSING"]
+    assert not runs[0].passed
+    stopped = [r for r in caplog.records if "stopped" in r.message]
+    assert len(stopped) == 1 and "PyTorch is not installed" in stopped[0].message
+
+    # A verify is still answered, and fails: no PyTorch never passes.
+    deep.request_verify("2025-01-01T00:00:00.5Z")
+    answer = wait_for(lambda: [r for r in runs if r.trigger == "verify"], 5, "the verify")[0]
+    assert answer.requested_at == "2025-01-01T00:00:00.5Z" and not answer.passed
+
+
+def test_verify_runs_at_once_on_busy_gpus_and_answers_each_stamp_once(schedule):
+    check = FakeDeepCheck()
+    deep, runs, metrics = schedule(check, Config(), idleness=lambda: BUSY)  # no schedule
+    deep.request_verify("2025-01-01T00:00:01Z")
+    (answer,) = wait_for(lambda: runs, 5, "the verify")
+    assert (answer.trigger, answer.requested_at, answer.passed) == (
+        "verify",
+        "2025-01-01T00:00:01Z",
+        True,
+    )
+    deep.request_verify("2025-01-01T00:00:01Z")  # seen again at the next heartbeat
+    time.sleep(0.2)
+    assert check.runs == 1
+    deep.request_verify("2025-01-01T00:00:09Z")  # a new request
+    wait_for(lambda: check.runs == 2, 5, "the second verify")
+    assert metrics.deep_runs.labels("verify", "passed")._value.get() == 2
+
+
+def test_failing_suite_fails_the_verify_with_its_codes(schedule):
+    bad = Finding(
+        Layer.GPU, "DEEP_MATMUL_SLOW", Severity.WARNING, Action.RESET_GPU, NODE, "deep-gpu", "slow"
+    )
+    info = Finding(Layer.GPU, "DEEP_SUITE_MEASURED", Severity.INFO, Action.NONE, NODE, "d", "ok")
+    deep, runs, _ = schedule(FakeDeepCheck(lambda: [bad, info]), Config())
+    deep.request_verify("2025-01-01T00:00:01Z")
+    (answer,) = wait_for(lambda: runs, 5, "the verify")
+    assert (answer.passed, answer.verdict, answer.codes) == (False, "failed", ["DEEP_MATMUL_SLOW"])
+    entries = deep_entries(answer, answer)
+    assert entries["verify"] == {
+        "requestedAt": "2025-01-01T00:00:01Z",
+        "at": entries["deep"]["at"],  # type: ignore[index]
+        "passed": False,
+        "codes": ["DEEP_MATMUL_SLOW"],
+    }
+
+
+# --- inside the agent ------------------------------------------------------------------------
+def test_hung_suite_fails_the_gpu_layer_closed_and_the_kernel_log_keeps_flowing(tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(EXAMPLES / "healthy-h100", bundle)
+    (bundle / "boot_id").write_text(f"boot-{uuid.uuid4()}\n")
+    release = threading.Event()
+
+    def hang() -> list[Finding]:
+        release.wait(30)
+        return []
+
+    hung = FakeDeepCheck(hang)
+    config = Config(
+        check_interval_s=0.05,
+        timeouts={"deep-gpu": 0.3},
+        deep={"interval_s": 0.05},
+    )
+    follower = FileFollower(bundle / "kmsg.log", 0.02)
+    agent = Agent(
+        config,
+        BundleSources(bundle),
+        [],
+        follower,
+        "node",
+        api=None,
+        deep_check=hung,
+        idleness=lambda: IDLE,
+    )
+    stop = threading.Event()
+    agent.start_observers(stop)
+    try:
+        assert agent.wait_first_round(5)
+        with (bundle / "kmsg.log").open("a") as log:  # while the suite hangs
+            log.write(
+                "NVRM: Xid (PCI:0000:91:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+            )
+
+        def xid_seen() -> bool:
+            report = agent.report()
+            return report is not None and any(
+                f.code == "XID_79" for h in report.layers.values() for f in h.findings
+            )
+
+        wait_for(xid_seen, 5, "the Xid while the deep check hangs")
+        assert hung.runs == 1 and not release.is_set()  # seen while the one run still hangs
+
+        def timed_out() -> bool:
+            report = agent.report()
+            return report is not None and any(
+                r.check == "deep-gpu" and r.outcome is Outcome.TIMED_OUT for r in report.results
+            )
+
+        wait_for(timed_out, 5, "the deep check's timeout")
+        report = agent.report()
+        assert report is not None and report.layers[Layer.GPU].status is Status.UNHEALTHY
+        assert "CHECK_TIMED_OUT" in {f.code for f in report.layers[Layer.GPU].findings}
+    finally:
+        release.set()
+        stop.set()
