@@ -23,6 +23,7 @@ from gpuguard.errors import ConfigError
 from gpuguard.model import Status
 from gpuguard.render import to_json, to_table
 from gpuguard.runner import run_all
+from gpuguard.sim.arguments import add_arguments as add_simulate_arguments
 from gpuguard.sources import BundleSources, LiveSources, Sources
 from gpuguard.training.options import add_arguments as add_run_arguments
 
@@ -100,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_controller_arguments(controller)
 
+    simulate = commands.add_parser(
+        "simulate",
+        help="simulate a GPU fleet under no remediation, a reactive setup and gpuguard",
+    )
+    add_simulate_arguments(simulate)
+
     bundle = commands.add_parser("bundle", help="capture diagnostics for offline triage")
     bundle_commands = bundle.add_subparsers(
         dest="bundle_command", required=True, parser_class=_Parser
@@ -137,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpuguard.controller.main import run_controller
 
             return run_controller(args)
+        if args.command == "simulate":
+            from gpuguard.sim.command import run_simulate
+
+            return run_simulate(args)
         if args.command == "agent":
             # Imported here: the agent's dependencies cost start-up time `check` skips.
             from gpuguard.agent.main import run_agent

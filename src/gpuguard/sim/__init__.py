@@ -1,0 +1,1 @@
+"""Fleet simulator: the remediation policy core driven in simulated time (docs/simulator.md)."""

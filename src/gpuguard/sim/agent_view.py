@@ -1,0 +1,231 @@
+"""What the agent and the controller make of a node's raw signals: the real code, cached.
+
+A node's signals (kernel log lines since boot, GPU facts, RDMA ports, a hung check) go
+through the same functions the agent runs: ``kernel_log.classify_log`` with the Xid
+catalog, ``gpu_facts.evaluate_gpus``, ``network.evaluate_ports``, ``runner.assess`` (fail
+closed), the agent's conditions and report annotation, and the controller's
+``project_node``. Identical signals give identical verdicts, so each distinct set is
+classified once per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuguard.agent.conditions import PROFILES, desired_conditions
+from gpuguard.agent.daemon import report_layers
+from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
+from gpuguard.checks.kernel_log import classify_log, parse_line, scan
+from gpuguard.checks.xid_catalog import rule_for
+from gpuguard.checks.network import PortRecord, evaluate_ports
+from gpuguard.controller.observe import project_node
+from gpuguard.model import CheckResult, Layer, Outcome
+from gpuguard.remediation.model import REPORT_ANNOTATION, LayerReport
+from gpuguard.runner import assess, inconclusive_result
+from gpuguard.sim.faults import GPU_BUS, Signal, gpu_bus_id
+
+GPUS = 8
+LINK_GBPS = 400.0
+PROFILE = "gpuguard"
+POOL_LABEL = "karpenter.sh/nodepool"
+
+_PREFIX = "NVRM: Xid (PCI:0000:{bus}:00): "
+_KERNEL_LINES: dict[Signal, str] = {
+    Signal.XID_79: "79, pid=2712, name=python, GPU has fallen off the bus.",
+    Signal.XID_74: (
+        "74, pid=2712, name=python, NVLink: fatal error detected on link 5"
+        "(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
+    ),
+    Signal.XID_48: (
+        "48, pid=2712, name=python, An uncorrectable double bit error (DBE) has been "
+        "detected on GPU in the framebuffer at partition 1, subpartition 0."
+    ),
+    Signal.XID_95: "95, pid=2712, name=python, Uncontained: SM. RST: Yes, D-RST: No",
+    Signal.XID_119: (
+        "119, pid=2712, name=python, Timeout after 6s of waiting for RPC response from "
+        "GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8)."
+    ),
+    Signal.XID_13: (
+        "13, pid=2712, name=python, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
+        "Out Of Range Address"
+    ),
+    Signal.XID_63: (
+        "63, pid='<unknown>', name=<unknown>, Row Remapper: New row (0x0000000000a3f1c0) "
+        "Marked for Remapping, reset gpu to activate."
+    ),
+}
+_SAME_LINE = {Signal.XID_48_REMAP: Signal.XID_48, Signal.XID_48_REMAP_FAILED: Signal.XID_48}
+
+
+def kernel_line(signal: Signal, gpu: int) -> str | None:
+    """The kernel log line a signal writes, or None if it writes none."""
+    bus = GPU_BUS[gpu]
+    if signal is Signal.FALLEN_OFF:
+        return f"NVRM: GPU at PCI:0000:{bus}:00: GPU has fallen off the bus."
+    if signal is Signal.KERNEL_BUG:
+        return "kernel BUG at mm/slub.c:4265!"
+    text = _KERNEL_LINES.get(_SAME_LINE.get(signal, signal))
+    return None if text is None else _PREFIX.format(bus=bus) + text
+
+
+def is_application_line(line: str) -> bool:
+    """Application Xids leave the agent's verdict after a time to live (kernel_state)."""
+    event = parse_line(line)
+    return event is not None and event.code is not None and rule_for(event.code).application
+
+
+# Signals read by the periodic checks (NVML, sysfs) rather than from the kernel log.
+FACT_SIGNALS = frozenset(
+    {
+        Signal.XID_79,
+        Signal.XID_74,
+        Signal.FALLEN_OFF,
+        Signal.XID_48_REMAP,
+        Signal.XID_48_REMAP_FAILED,
+        Signal.XID_48,
+        Signal.OVERHEAT,
+        Signal.POWER_BRAKE,
+    }
+)
+PORT_SIGNALS = frozenset({Signal.PORT_DOWN, Signal.RATE_DROP})
+CHECKED_SIGNALS = FACT_SIGNALS | PORT_SIGNALS | {Signal.CHECK_TIMEOUT}
+
+
+@dataclass(frozen=True)
+class NodeSignals:
+    """Everything the agent would read on a node right now (hashable: the cache key)."""
+
+    kernel: tuple[str, ...] = ()
+    checked: tuple[tuple[Signal, int], ...] = ()  # (signal, GPU or NIC index), sorted
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The controller's view of a node's layers (``since`` filled in by the caller)."""
+
+    layers: dict[str, LayerReport]
+
+    @property
+    def healthy(self) -> bool:
+        return all(layer.status == "True" for layer in self.layers.values())
+
+
+class AgentView:
+    """Classifies node signals with the real agent and controller code, once per set."""
+
+    def __init__(self) -> None:
+        self._cache: dict[NodeSignals, Verdict] = {}
+
+    def verdict(self, signals: NodeSignals) -> Verdict:
+        cached = self._cache.get(signals)
+        if cached is None:
+            cached = self._cache[signals] = _classify(signals)
+        return cached
+
+    def kernel_events(self, lines: Iterable[str]) -> int:
+        """How many kernel events a node-problem-detector-style rule would match."""
+        return len(scan("\n".join(lines)))
+
+
+def _classify(signals: NodeSignals) -> Verdict:
+    results = [
+        CheckResult(
+            "kernel-log", Layer.KERNEL, Outcome.OK, classify_log("\n".join(signals.kernel))
+        ),
+        _gpu_result(signals.checked),
+        CheckResult(
+            "network",
+            Layer.NETWORK,
+            Outcome.OK,
+            evaluate_ports(_ports(signals.checked), GPUS, LINK_GBPS, "sysfs"),
+        ),
+    ]
+    report = assess(results, fail_closed=True)
+    names = PROFILES[PROFILE]
+    node = {
+        "metadata": {
+            "name": "simulated",
+            "annotations": {
+                REPORT_ANNOTATION: json.dumps(
+                    {"reportedAt": "", "layers": json.loads(report_layers(report))}
+                )
+            },
+        },
+        "status": {
+            "conditions": [
+                {"type": d.type, "status": d.status, "reason": d.reason}
+                for d in desired_conditions(report.layers, PROFILE)
+            ]
+        },
+    }
+    observed = project_node(node, POOL_LABEL)
+    assert set(observed.layers) == {str(layer) for layer in names}
+    return Verdict(dict(observed.layers))
+
+
+def _gpu_result(checked: tuple[tuple[Signal, int], ...]) -> CheckResult:
+    if any(signal is Signal.CHECK_TIMEOUT for signal, _ in checked):
+        return inconclusive_result("nvml", Layer.GPU, Outcome.TIMED_OUT, "nvml timed out", 10.0)
+    facts = [_healthy_gpu(index) for index in range(GPUS)]
+    for signal, index in checked:
+        gpu = facts[index]
+        if signal in (Signal.XID_79, Signal.FALLEN_OFF):
+            facts[index] = dataclasses.replace(gpu, error="GPU_IS_LOST")
+        elif signal is Signal.XID_74:
+            links = [dataclasses.replace(link, active=link.link != 5) for link in gpu.nvlinks]
+            facts[index] = dataclasses.replace(gpu, nvlinks=links)
+        elif signal in (Signal.XID_48, Signal.XID_48_REMAP, Signal.XID_48_REMAP_FAILED):
+            facts[index] = dataclasses.replace(
+                gpu,
+                ecc_uncorrected_volatile=1,
+                remap_pending=signal is Signal.XID_48_REMAP,
+                remap_failure=signal is Signal.XID_48_REMAP_FAILED,
+            )
+        elif signal is Signal.OVERHEAT:
+            facts[index] = dataclasses.replace(
+                gpu, temperature_c=92.0, clock_event_reasons=frozenset({"hw_thermal_slowdown"})
+            )
+        elif signal is Signal.POWER_BRAKE:
+            facts[index] = dataclasses.replace(
+                gpu, clock_event_reasons=frozenset({"hw_power_brake_slowdown"})
+            )
+    return CheckResult("nvml", Layer.GPU, Outcome.OK, evaluate_gpus(facts, GPUS, "nvml"))
+
+
+def _healthy_gpu(index: int) -> GpuFacts:
+    return GpuFacts(
+        pci_bus_id=gpu_bus_id(index),
+        uuid=f"GPU-{index:08x}-0000-0000-0000-000000000000",
+        name="NVIDIA H100 80GB HBM3",
+        index=index,
+        ecc_uncorrected_volatile=0,
+        remap_pending=False,
+        remap_failure=False,
+        temperature_c=45.0,
+        slowdown_temp_c=87.0,
+        shutdown_temp_c=92.0,
+        pcie_gen_current=5,
+        pcie_gen_max=5,
+        pcie_width_current=16,
+        pcie_width_max=16,
+        nvlinks=[NvLinkFacts(link, True) for link in range(18)],
+        recovery_action="None",
+    )
+
+
+def _ports(checked: tuple[tuple[Signal, int], ...]) -> list[PortRecord]:
+    ports = [
+        PortRecord(f"mlx5_{index}", 1, "ACTIVE", "LinkUp", LINK_GBPS, "InfiniBand", ca_type="MT4129")
+        for index in range(GPUS)
+    ]
+    for signal, index in checked:
+        if signal is Signal.PORT_DOWN:
+            ports[index] = dataclasses.replace(
+                ports[index], state="DOWN", phys_state="Polling", rate_gbps=None
+            )
+        elif signal is Signal.RATE_DROP:
+            ports[index] = dataclasses.replace(ports[index], rate_gbps=LINK_GBPS / 2)
+    return ports

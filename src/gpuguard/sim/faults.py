@@ -1,0 +1,250 @@
+"""The failure stream: every fault of a run, drawn once from the seed before any policy runs.
+
+A fault is what happened to a machine (its class, when, what would clear it, what it does
+to a job on it) plus the raw signal the node shows for it: a kernel log line, a GPU fact
+(a remap flag, a lost GPU, a temperature) or an RDMA port record. The policies never see
+the class: the agent's real parsers and rules classify the signal (see ``agent_view``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+
+import numpy as np
+
+from gpuguard.sim.scenario import FaultClass, FaultClasses, Scenario
+
+DAY = 86_400.0
+HOUR = 3_600.0
+
+# PCI bus ids of the eight GPUs of an HGX H100 node, as the driver prints them.
+GPU_BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+
+
+def gpu_bus_id(gpu: int) -> str:
+    return f"0000:{GPU_BUS[gpu]}:00.0"
+
+
+class Fix(IntEnum):
+    """The least that clears a fault; ordered like the remediation ladder."""
+
+    RESTART = 0
+    RESET = 1
+    REBOOT = 2
+    REPLACE = 3
+    SELF = 4  # nothing on the node clears it; it ends by itself
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class Effect(StrEnum):
+    """What the fault does to the job running on the node."""
+
+    CRASH = "crash"  # the job's processes die at once
+    HANG = "hang"  # the job stalls until its watchdog (or the platform) kills it
+    DOWN = "down"  # the node is gone (NotReady); the job dies with it
+    SLOW = "slow"  # the job runs at the slowest node's pace
+    SILENT = "silent"  # data corruption, noticed by the job hours later
+    NONE = "none"  # nothing happens to the job
+
+
+# The signals (what the agent reads), one recipe per fault kind.
+class Signal(StrEnum):
+    XID_79 = "xid79"  # kernel line + NVML: GPU lost
+    XID_74 = "xid74"  # NVLink error + NVML: a link down
+    FALLEN_OFF = "fallen_off"  # "fallen off the bus" without an Xid
+    XID_48_REMAP = "xid48_remap"  # DBE + NVML: ECC count, row remap pending
+    XID_48_REMAP_FAILED = "xid48_remap_failed"  # DBE + NVML: row remap failure
+    XID_48 = "xid48"
+    XID_95 = "xid95"  # uncontained memory error (SRAM)
+    XID_119 = "xid119"  # GSP RPC timeout
+    XID_13 = "xid13"  # application fault
+    KERNEL_BUG = "kernel_bug"
+    PORT_DOWN = "port_down"
+    RATE_DROP = "rate_drop"  # a port at half its rate
+    OVERHEAT = "overheat"  # NVML: temperature at the shutdown threshold
+    POWER_BRAKE = "power_brake"  # NVML: clocks held down (fail-slow)
+    XID_63 = "xid63"  # benign: a row remapping event
+    CHECK_TIMEOUT = "check_timeout"  # benign: the NVML check hung once
+    NOT_READY = "not_ready"  # the node stopped answering (kubelet)
+    NOTHING = "nothing"  # no signal at all (SDC, NCCL hang)
+
+
+@dataclass(frozen=True)
+class Kind:
+    effect: Effect
+    signals: tuple[tuple[float, Signal], ...]  # (weight, signal)
+
+
+KINDS: dict[str, Kind] = {
+    "gpu": Kind(Effect.CRASH, ((1.0, Signal.XID_79),)),
+    "nvlink": Kind(Effect.CRASH, ((1.0, Signal.XID_74),)),
+    "pcie": Kind(Effect.CRASH, ((1.0, Signal.FALLEN_OFF),)),
+    "hbm": Kind(Effect.CRASH, ((1.0, Signal.XID_48),)),  # refined by the fix, see _signal
+    "sram": Kind(Effect.CRASH, ((1.0, Signal.XID_95),)),
+    "gsp": Kind(Effect.HANG, ((1.0, Signal.XID_119),)),
+    "application": Kind(Effect.CRASH, ((1.0, Signal.XID_13),)),
+    "kernel_driver": Kind(Effect.HANG, ((1.0, Signal.KERNEL_BUG),)),
+    "nccl_hang": Kind(Effect.HANG, ((1.0, Signal.NOTHING),)),
+    "host": Kind(Effect.DOWN, ((1.0, Signal.NOT_READY),)),
+    "nic": Kind(Effect.CRASH, ((0.7, Signal.PORT_DOWN), (0.3, Signal.RATE_DROP))),
+    "fabric": Kind(Effect.CRASH, ((1.0, Signal.PORT_DOWN),)),
+    "thermal": Kind(Effect.CRASH, ((1.0, Signal.OVERHEAT),)),
+    "sdc": Kind(Effect.SILENT, ((1.0, Signal.NOTHING),)),
+    "fail_slow": Kind(Effect.SLOW, ((1.0, Signal.POWER_BRAKE),)),
+    "unattributed": Kind(Effect.HANG, ((1.0, Signal.NOTHING),)),
+    "benign": Kind(Effect.NONE, ((0.5, Signal.XID_63), (0.5, Signal.CHECK_TIMEOUT))),
+}
+# Classes whose faults are counted as job interruptions in the published figures.
+ATTRIBUTED = frozenset(
+    name for name in KINDS if name not in ("fail_slow", "unattributed", "benign")
+)
+
+
+@dataclass
+class Fault:
+    id: int
+    slot: int
+    cls: str
+    start: float
+    fix: Fix
+    effect: Effect
+    signal: Signal
+    gpu: int
+    end: float | None  # when a self-clearing fault ends
+    slowdown: float  # the node's pace while it lasts (SLOW faults)
+    lemon: bool  # from a lemon's extra rate: gone once the machine is replaced
+    check_phase: float  # where in the agent's check period it shows (0..1)
+    group: int = -1  # faults of one switch failure share a group
+
+    @property
+    def disables(self) -> bool:
+        """The node is out of service while this fault lasts."""
+        return self.effect not in (Effect.SLOW, Effect.NONE)
+
+
+def _signal(cls: str, fix: Fix, rng: np.random.Generator) -> Signal:
+    if cls == "hbm":
+        if fix is Fix.RESET:
+            return Signal.XID_48_REMAP
+        return Signal.XID_48_REMAP_FAILED if fix is Fix.REPLACE else Signal.XID_48
+    weights = KINDS[cls].signals
+    if len(weights) == 1:
+        return weights[0][1]
+    total = sum(w for w, _ in weights)
+    draw = rng.random() * total
+    for weight, signal in weights:
+        draw -= weight
+        if draw <= 0:
+            return signal
+    return weights[-1][1]
+
+
+def _effect(cls: str, signal: Signal) -> Effect:
+    if signal is Signal.RATE_DROP:
+        return Effect.SLOW  # the link is up at half speed: the collective slows down
+    return KINDS[cls].effect
+
+
+def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]:
+    """Every fault of the run, in time order (ties broken by slot)."""
+    fleet, failures = scenario.fleet, scenario.failures
+    horizon = scenario.days * DAY
+    slots = fleet.nodes
+    lemons = rng.permutation(slots)[: round(failures.lemon_share * slots)]
+    # Published rates are fleet averages with the lemons in them: the others run a bit lower.
+    weight = 1.0 + failures.lemon_share * (failures.lemon_multiplier - 1.0)
+    scale = failures.rate_multiplier / weight
+    raw: list[tuple[float, int, str, bool]] = []  # (start, slot, class, lemon)
+
+    def draw(cls: str, per_node_day: float, on: np.ndarray, lemon: bool) -> None:
+        count = rng.poisson(per_node_day * len(on) * scenario.days) if len(on) else 0
+        starts = rng.random(count) * horizon
+        where = on[rng.integers(0, len(on), count)] if count else []
+        raw.extend((float(t), int(s), cls, lemon) for t, s in zip(starts, where, strict=True))
+
+    everyone = np.arange(slots)
+    for cls in FaultClasses.model_fields:
+        if cls == "fabric":
+            continue  # whole racks, below
+        rate = getattr(failures.classes, cls).rate / 1000.0 * scale
+        draw(cls, rate, everyone, lemon=False)
+        draw(cls, rate * (failures.lemon_multiplier - 1.0), lemons, lemon=True)
+    draw("fail_slow", failures.fail_slow_per_1000_node_days / 1000.0, everyone, False)
+    draw("unattributed", failures.unattributed_per_1000_node_days / 1000.0, everyone, False)
+    draw("benign", failures.benign_signals_per_node_day, everyone, False)
+    racks = _racks(slots, fleet.nodes_per_rack)
+    fabric = failures.classes.fabric
+    # The published rate counts job interruptions per node-day, and one switch takes its
+    # whole rack: a rack fails at the rate of its nodes together.
+    rack_rate = fabric.rate / 1000.0 * failures.rate_multiplier * fleet.nodes_per_rack
+    draw("fabric", rack_rate, np.arange(len(racks)), False)
+
+    raw.sort()
+    faults: list[Fault] = []
+    for group, (start, where, cls, lemon) in enumerate(raw):
+        config = getattr(failures.classes, cls, None)
+        members = racks[where] if cls == "fabric" else [where]
+        fix = _fix(cls, config, rng)
+        signal = _signal(cls, fix, rng)
+        gpu = int(rng.integers(0, 8))
+        phase = float(rng.random())
+        end, slowdown = _duration(cls, fix, config, scenario, start, rng)
+        for slot in members:
+            faults.append(
+                Fault(
+                    id=len(faults),
+                    slot=slot,
+                    cls=cls,
+                    start=start,
+                    fix=fix,
+                    effect=_effect(cls, signal),
+                    signal=signal,
+                    gpu=gpu,
+                    end=end,
+                    slowdown=slowdown,
+                    lemon=lemon,
+                    check_phase=phase,
+                    group=group if cls == "fabric" else -1,
+                )
+            )
+    return faults
+
+
+def _racks(slots: int, per_rack: int) -> list[list[int]]:
+    return [list(range(first, min(first + per_rack, slots))) for first in range(0, slots, per_rack)]
+
+
+def _fix(cls: str, config: FaultClass | None, rng: np.random.Generator) -> Fix:
+    if config is None:  # fail-slow, unattributed and benign are not configured by fix
+        return {"fail_slow": Fix.SELF, "benign": Fix.SELF}.get(cls, Fix.RESTART)
+    shares = config.fix.shares()
+    draw = rng.random() * sum(shares)
+    for fix, share in zip((Fix.RESTART, Fix.RESET, Fix.REBOOT, Fix.REPLACE, Fix.SELF), shares, strict=True):
+        draw -= share
+        if draw <= 0 and share > 0:
+            return fix
+    return Fix.REPLACE
+
+
+def _duration(
+    cls: str,
+    fix: Fix,
+    config: FaultClass | None,
+    scenario: Scenario,
+    start: float,
+    rng: np.random.Generator,
+) -> tuple[float | None, float]:
+    failures = scenario.failures
+    if cls == "fail_slow":
+        low, high = failures.fail_slow_duration_s
+        length = math.exp(rng.uniform(math.log(low), math.log(high)))
+        return start + length, float(rng.uniform(*failures.fail_slow_factor))
+    if cls == "benign":
+        return start + scenario.detection.check_interval_s, 1.0  # the next check round
+    if fix is Fix.SELF and config is not None:
+        return start + config.self_clear_h * HOUR, 1.0
+    return None, 1.0

@@ -1,0 +1,185 @@
+"""The HTML report: one self-contained file, plots drawn as inline SVG (no plotting library)."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+from gpuguard.sim.report import table
+from gpuguard.sim.results import GPU_HOUR_KINDS
+from gpuguard.sim.run import Simulation
+
+COLOURS = {"none": "#8c8c8c", "reactive": "#d9822b", "gpuguard": "#2b6cb0"}
+KIND_COLOURS = ("#2f855a", "#c53030", "#dd6b20", "#d69e2e", "#718096", "#e2e8f0")
+OUTCOME_COLOURS = {"succeeded": "#2f855a", "failed": "#c53030", "unfinished": "#cbd5e0"}
+W, H, LEFT, RIGHT, TOP, BOTTOM = 720, 300, 70, 130, 20, 40
+
+
+def _svg(body: list[str], title: str, height: int = H) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" '
+        f'width="{W}" height="{height}" font-family="sans-serif" font-size="12" '
+        f'role="img" aria-label="{html.escape(title)}">'
+        f'<rect width="{W}" height="{height}" fill="white"/>' + "".join(body) + "</svg>"
+    )
+
+
+def _text(x: float, y: float, text: str, anchor: str = "start", size: int = 12) -> str:
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}">'
+        f"{html.escape(text)}</text>"
+    )
+
+
+def _legend(entries: Sequence[tuple[str, str]], x: float, y: float) -> list[str]:
+    out = []
+    for i, (label, colour) in enumerate(entries):
+        out.append(f'<rect x="{x}" y="{y + 18 * i}" width="12" height="12" fill="{colour}"/>')
+        out.append(_text(x + 18, y + 18 * i + 10, label))
+    return out
+
+
+def availability_plot(simulation: Simulation) -> str:
+    """Slot availability per day, one line per policy."""
+    series = {n: r.availability_by_day for n, r in simulation.results.items()}
+    values = [v for s in series.values() for v in s] or [1.0]
+    low = min(min(values), 0.999)
+    low = math.floor(low * 1000) / 1000
+    days = max(len(s) for s in series.values()) or 1
+    plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
+
+    def xy(day: int, value: float) -> tuple[float, float]:
+        x = LEFT + plot_w * (day + 0.5) / days
+        y = TOP + plot_h * (1 - (value - low) / (1 - low))
+        return x, y
+
+    body = [f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>']
+    for i in range(5):
+        value = low + (1 - low) * i / 4
+        _, y = xy(0, value)
+        body.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
+        body.append(_text(LEFT - 6, y + 4, f"{100 * value:.2f}%", "end"))
+    target_y = xy(0, 0.9995)[1]
+    if target_y > TOP:
+        body.append(
+            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{target_y:.1f}" y2="{target_y:.1f}" '
+            'stroke="#c53030" stroke-dasharray="4 4"/>'
+        )
+        body.append(_text(LEFT + plot_w - 4, target_y - 4, "99.95 % target", "end", 11))
+    for name, points in series.items():
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(d, v) for d, v in enumerate(points)))
+        body.append(
+            f'<polyline points="{coords}" fill="none" stroke="{COLOURS.get(name, "#000")}" '
+            'stroke-width="2"/>'
+        )
+    body.append(_text(LEFT + plot_w / 2, H - 10, "day of the run", "middle"))
+    body += _legend([(n, COLOURS.get(n, "#000")) for n in series], W - RIGHT + 16, TOP + 10)
+    return _svg(body, "GPU-node slot availability per day")
+
+
+def _stacked(
+    rows: list[tuple[str, list[float]]], labels: Sequence[str], colours: Sequence[str], title: str
+) -> str:
+    """One 100 % bar per row, segments in ``labels`` order."""
+    bar_h, gap = 28, 16
+    height = TOP + len(rows) * (bar_h + gap) + 30
+    plot_w = W - LEFT - RIGHT
+    body = []
+    for i, (name, parts) in enumerate(rows):
+        y = TOP + i * (bar_h + gap)
+        body.append(_text(LEFT - 6, y + bar_h / 2 + 4, name, "end"))
+        total = sum(parts) or 1.0
+        x = float(LEFT)
+        for part, colour, label in zip(parts, colours, labels, strict=True):
+            width = plot_w * part / total
+            if width <= 0:
+                continue
+            body.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{bar_h}" fill="{colour}">'
+                f"<title>{html.escape(f'{name}: {label} {part:,.0f} ({100 * part / total:.2f} %)')}"
+                "</title></rect>"
+            )
+            x += width
+    body += _legend(list(zip(labels, colours, strict=True)), W - RIGHT + 16, TOP)
+    return _svg(body, title, height)
+
+
+def gpu_hours_plot(simulation: Simulation) -> str:
+    rows = [
+        (name, [r.gpu_hours[k] for k in GPU_HOUR_KINDS]) for name, r in simulation.results.items()
+    ]
+    labels = [k.replace("_", " ") for k in GPU_HOUR_KINDS]
+    return _stacked(rows, labels, KIND_COLOURS, "Where the GPU-hours went")
+
+
+def outcomes_plot(simulation: Simulation) -> str:
+    kinds = list(OUTCOME_COLOURS)
+    rows = [(name, [float(r.jobs[k]) for k in kinds]) for name, r in simulation.results.items()]
+    return _stacked(rows, kinds, list(OUTCOME_COLOURS.values()), "Job outcomes per policy")
+
+
+def repair_plot(simulation: Simulation) -> str:
+    """Share of faults back in service within x hours (log scale), one line per policy."""
+    low, high = 0.01, 1000.0
+    plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
+
+    def x_of(hours: float) -> float:
+        hours = min(max(hours, low), high)
+        return LEFT + plot_w * math.log10(hours / low) / math.log10(high / low)
+
+    body = [f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>']
+    for exponent in range(-2, 4):
+        x = x_of(10.0**exponent)
+        body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#eee"/>')
+        body.append(_text(x, H - 24, f"{10.0 ** exponent:g} h", "middle"))
+    for i in range(5):
+        y = TOP + plot_h * (1 - i / 4)
+        body.append(_text(LEFT - 6, y + 4, f"{25 * i} %", "end"))
+    for name, result in simulation.results.items():
+        values = result.time_to_repair_h.values
+        total = len(values) + result.unrepaired_faults
+        if not total:
+            continue
+        points = [(x_of(low), TOP + plot_h)]
+        for i, hours in enumerate(values, start=1):
+            y = TOP + plot_h * (1 - i / total)
+            points.append((x_of(hours), points[-1][1]))
+            points.append((x_of(hours), y))
+        points.append((x_of(high), points[-1][1]))
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+        body.append(
+            f'<polyline points="{coords}" fill="none" stroke="{COLOURS.get(name, "#000")}" '
+            'stroke-width="2"/>'
+        )
+    body.append(_text(LEFT + plot_w / 2, H - 6, "fault to back in service", "middle"))
+    body += _legend([(n, COLOURS.get(n, "#000")) for n in simulation.results], W - RIGHT + 16, TOP + 10)
+    return _svg(body, "Time to repair: share of faults back in service")
+
+
+def render(simulation: Simulation) -> str:
+    scenario = simulation.scenario
+    sections = [
+        ("GPU-node availability over time (slots, daily)", availability_plot(simulation)),
+        ("Job outcomes per policy", outcomes_plot(simulation)),
+        ("Time to repair (share of faults back in service)", repair_plot(simulation)),
+        ("Where the GPU-hours went", gpu_hours_plot(simulation)),
+    ]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>gpuguard simulation: {html.escape(scenario.name)}</title>",
+        "<style>body{font-family:sans-serif;max-width:780px;margin:2em auto;color:#222}"
+        "pre{background:#f7f7f7;padding:1em;overflow-x:auto;font-size:12px}"
+        "h2{font-size:1.1em;margin-top:2em}</style></head><body>",
+        f"<h1>gpuguard fleet simulation: {html.escape(scenario.name)}</h1>",
+        f"<p>{scenario.fleet.nodes} nodes of 8 GPUs, {scenario.days:g} days, seed"
+        f" {scenario.seed}. Every policy saw the same failures and the same jobs. The gpuguard"
+        " run is the controller's own policy code (<code>remediation.decide</code>) fed by"
+        " the agent's own parsers and rules.</p>",
+        f"<pre>{html.escape(table(simulation))}</pre>",
+    ]
+    for title, svg in sections:
+        parts.append(f"<h2>{html.escape(title)}</h2>{svg}")
+    parts.append("</body></html>")
+    return "\n".join(parts)

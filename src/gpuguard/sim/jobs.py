@@ -1,0 +1,125 @@
+"""The workload: training jobs of many sizes and lengths, and each job's progress.
+
+Progress is counted in hours of work at full speed. A job saves a checkpoint every
+``checkpoint_interval`` of wall time while it runs; an interruption rolls it back to the
+last one. A synchronous job runs at the pace of its slowest node (zero while one hangs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from gpuguard.sim.faults import DAY, HOUR
+from gpuguard.sim.scenario import JobSize, Jobs, Scenario
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"  # never started
+    RESTARTING = "restarting"  # placed, initialising (restart overhead)
+    RUNNING = "running"
+    WAITING = "waiting"  # interrupted, waiting for capacity to restart
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass
+class Job:
+    id: int
+    nodes: int
+    work_h: float
+    arrival: float
+    state: JobState = JobState.QUEUED
+    slots: list[int] = field(default_factory=list)
+    version: int = 0  # bumps on every placement, interruption and speed change
+    saved_h: float = 0.0  # progress at the last checkpoint (what survives an interruption)
+    segment_start: float = 0.0  # when the current productive stretch began
+    pieces: list[tuple[float, float]] = field(default_factory=list)  # (from, speed) this stretch
+    speed: float = 1.0
+    placed_at: float = 0.0
+    first_start: float | None = None
+    ended_at: float | None = None
+    retries: int = 0
+    interruptions: int = 0
+    attributed_interruptions: int = 0  # caused by a fault of a class the literature counts
+    lost_h: float = 0.0  # work rolled back
+    overhead_h: float = 0.0  # wall hours spent restarting
+    running_h: float = 0.0  # wall hours in productive stretches
+    waiting_since: float | None = None
+    failure: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (JobState.SUCCEEDED, JobState.FAILED)
+
+    def progress_at(self, t: float) -> float:
+        """Work done by ``t`` within the current stretch (``t`` not before its start)."""
+        done = self.saved_h
+        for (start, speed), (end, _) in zip(
+            self.pieces, [*self.pieces[1:], (t, 0.0)], strict=True
+        ):
+            done += speed * max(0.0, min(end, t) - start) / HOUR
+        return done
+
+    def last_checkpoint(self, t: float, interval_s: float) -> float:
+        """Wall time of the last checkpoint of the current stretch at or before ``t``."""
+        return self.segment_start + math.floor((t - self.segment_start) / interval_s) * interval_s
+
+
+def generate_jobs(scenario: Scenario, rng: np.random.Generator) -> list[Job]:
+    """The run's jobs in arrival order: enough at the start to fill the target share of
+    the fleet, then Poisson arrivals that keep asking for it."""
+    jobs_config = scenario.jobs
+    mix = jobs_config.mix
+    probabilities = _size_probabilities(mix)
+    mean_node_hours = sum(
+        p * size.nodes * _mean_log_uniform(*size.hours)
+        for p, size in zip(probabilities, mix, strict=True)
+    )
+    wanted = jobs_config.utilisation * scenario.fleet.nodes
+    jobs: list[Job] = []
+
+    def new_job(at: float, chances: np.ndarray, left: float = 1.0) -> None:
+        size = mix[int(rng.choice(len(mix), p=chances))]
+        low, high = size.hours
+        work = math.exp(rng.uniform(math.log(low), math.log(high))) if high > low else low
+        jobs.append(Job(id=len(jobs), nodes=size.nodes, work_h=work * left, arrival=at))
+
+    # At the start the fleet is already busy as in steady state: each size holds its share
+    # of the nodes, each job part-way through its work.
+    busy = np.array([s.share / s.nodes for s in mix])
+    busy = busy / busy.sum()
+    asked = 0
+    while asked < wanted and wanted > 0:
+        new_job(0.0, busy, left=float(rng.uniform(0.05, 1.0)))
+        asked += jobs[-1].nodes
+    if asked > wanted and len(jobs) > 1:
+        asked -= jobs.pop().nodes
+    per_hour = wanted / mean_node_hours if mean_node_hours > 0 else 0.0
+    t = 0.0
+    horizon = scenario.days * DAY
+    while per_hour > 0:
+        t += rng.exponential(HOUR / per_hour)
+        if t >= horizon:
+            break
+        new_job(t, probabilities)
+    return jobs
+
+
+def _size_probabilities(mix: tuple[JobSize, ...]) -> np.ndarray:
+    """Shares are of node-hours; the chance of drawing a size is share / its node-hours."""
+    weights = np.array([s.share / (s.nodes * _mean_log_uniform(*s.hours)) for s in mix])
+    return np.asarray(weights / weights.sum())
+
+
+def _mean_log_uniform(low: float, high: float) -> float:
+    return low if high <= low else (high - low) / math.log(high / low)
+
+
+def effective_speed(jobs: Jobs) -> float:
+    """The share of a running stretch left after blocking checkpoint saves."""
+    interval = jobs.checkpoint_interval_min * 60.0
+    return max(0.0, 1.0 - jobs.checkpoint_cost_s / interval)

@@ -1,0 +1,191 @@
+"""From one engine run to the reported numbers (the SLIs of ``gpuguard.sli``, and more)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gpuguard.sim.engine import BIN_S, Engine
+from gpuguard.sim.faults import HOUR
+from gpuguard.sim.jobs import JobState
+from gpuguard.sli import job_success_rate, ratio
+
+GPUS_PER_NODE = 8
+# Where the fleet's GPU-hours went, in the order the report stacks them.
+GPU_HOUR_KINDS = ("useful", "lost_work", "restarting", "stalled_or_slow", "out_of_service", "idle")
+
+
+@dataclass
+class Distribution:
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    values: list[float] = field(repr=False)
+
+    @classmethod
+    def of(cls, values: list[float]) -> Distribution:
+        if not values:
+            return cls(0, 0.0, 0.0, 0.0, [])
+        ordered = sorted(values)
+        return cls(
+            len(ordered),
+            statistics.fmean(ordered),
+            _quantile(ordered, 0.5),
+            _quantile(ordered, 0.9),
+            ordered,
+        )
+
+    def to_dict(self) -> dict[str, float]:
+        return {"count": self.count, "mean": self.mean, "p50": self.p50, "p90": self.p90}
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    gpu_node_availability: float
+    slot_availability: float
+    job_success_rate: float
+    ettr: float
+    goodput: float
+    mttr_hours: float
+    false_drains_per_node_day: float
+    time_to_detect_h: Distribution
+    time_to_quarantine_h: Distribution
+    time_to_repair_h: Distribution
+    unrepaired_faults: int
+    gpu_hours: dict[str, float]
+    actions: dict[str, int]
+    breaker_trips: int
+    jobs: dict[str, int]
+    job_failures: dict[str, int]
+    job_mttf_h: dict[int, float]
+    attributed_job_mttf_h: dict[int, float]
+    interruptions: int
+    faults: int
+    decide_calls: int
+    availability_by_day: list[float]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "gpu_node_availability": self.gpu_node_availability,
+            "slot_availability": self.slot_availability,
+            "job_success_rate": self.job_success_rate,
+            "ettr": self.ettr,
+            "goodput": self.goodput,
+            "mttr_hours": self.mttr_hours,
+            "false_drains_per_node_day": self.false_drains_per_node_day,
+            "time_to_detect_hours": self.time_to_detect_h.to_dict(),
+            "time_to_quarantine_hours": self.time_to_quarantine_h.to_dict(),
+            "time_to_repair_hours": self.time_to_repair_h.to_dict(),
+            "unrepaired_faults": self.unrepaired_faults,
+            "gpu_hours": self.gpu_hours,
+            "disruptive_actions": self.actions,
+            "breaker_trips": self.breaker_trips,
+            "jobs": self.jobs,
+            "job_failures": self.job_failures,
+            "job_mttf_hours_by_nodes": {str(k): v for k, v in self.job_mttf_h.items()},
+            "job_interruptions": self.interruptions,
+            "faults": self.faults,
+            "decide_calls": self.decide_calls,
+        }
+
+
+def summarise(engine: Engine) -> PolicyResult:
+    scenario = engine.scenario
+    stats = engine.stats
+    nodes = scenario.fleet.nodes
+    hours = engine.horizon / HOUR
+    jobs = engine.jobs
+    states = Counter(job.state for job in jobs)
+    succeeded, failed = states[JobState.SUCCEEDED], states[JobState.FAILED]
+    started = [job for job in jobs if job.first_start is not None]
+    useful = sum(job.saved_h * job.nodes for job in started)
+    wall = sum(
+        ((job.ended_at if job.ended_at is not None else engine.horizon) - job.first_start)
+        / HOUR
+        * job.nodes
+        for job in started
+        if job.first_start is not None
+    )
+    fleet_node_hours = nodes * hours
+    lost = sum(job.lost_h * job.nodes for job in jobs)
+    restarting = sum(job.overhead_h * job.nodes for job in jobs)
+    running = sum(job.running_h * job.nodes for job in jobs)
+    out = fleet_node_hours - engine.slot_share.up_seconds / HOUR
+    spent = {
+        "useful": useful,
+        "lost_work": lost,
+        "restarting": restarting,
+        "stalled_or_slow": max(0.0, running - useful - lost),
+        "out_of_service": out,
+    }
+    spent["idle"] = max(0.0, fleet_node_hours - sum(spent.values()))
+    times = stats.fault_times.values()
+    repaired = [(t.repaired - start) / HOUR for t, start in _with_start(engine) if t.repaired]
+    return PolicyResult(
+        policy=engine.driver.name,
+        gpu_node_availability=engine.machine_share.share,
+        slot_availability=engine.slot_share.share,
+        job_success_rate=job_success_rate(succeeded, failed),
+        ettr=ratio(useful, wall),
+        goodput=ratio(useful, fleet_node_hours),
+        mttr_hours=statistics.fmean(repaired) if repaired else 0.0,
+        false_drains_per_node_day=stats.false_drains / (nodes * scenario.days),
+        time_to_detect_h=Distribution.of(
+            [(t.detected - s) / HOUR for t, s in _with_start(engine) if t.detected is not None]
+        ),
+        time_to_quarantine_h=Distribution.of(
+            [(t.quarantined - s) / HOUR for t, s in _with_start(engine) if t.quarantined is not None]
+        ),
+        time_to_repair_h=Distribution.of(repaired),
+        unrepaired_faults=sum(1 for t in times if t.repaired is None),
+        gpu_hours={k: spent[k] * GPUS_PER_NODE for k in GPU_HOUR_KINDS},
+        actions=dict(sorted(stats.actions.items())),
+        breaker_trips=stats.breaker_trips,
+        jobs={
+            "succeeded": succeeded,
+            "failed": failed,
+            "unfinished": len(jobs) - succeeded - failed,
+        },
+        job_failures=dict(Counter(job.failure for job in jobs if job.state is JobState.FAILED)),
+        job_mttf_h=_mttf(engine, attributed=False),
+        attributed_job_mttf_h=_mttf(engine, attributed=True),
+        interruptions=sum(job.interruptions for job in jobs),
+        faults=len(engine.faults) - stats.dropped_faults,
+        decide_calls=stats.decide_calls,
+        availability_by_day=_daily(engine),
+    )
+
+
+def _with_start(engine: Engine) -> list[tuple[object, float]]:
+    by_id = {fault.id: fault.start for fault in engine.faults}
+    return [(times, by_id[fault_id]) for fault_id, times in engine.stats.fault_times.items()]
+
+
+def _mttf(engine: Engine, *, attributed: bool) -> dict[int, float]:
+    """Job mean time to failure by job size: hours on nodes per interruption."""
+    exposure: Counter[int] = Counter()
+    hits: Counter[int] = Counter()
+    for job in engine.jobs:
+        exposure[job.nodes] += job.running_h + job.overhead_h
+        hits[job.nodes] += job.attributed_interruptions if attributed else job.interruptions
+    return {n: exposure[n] / hits[n] for n in sorted(exposure) if hits[n]}
+
+
+def _daily(engine: Engine) -> list[float]:
+    per_day = int(24 * HOUR // BIN_S)
+    bins = engine.stats.availability_bins
+    slots = len(engine.slots)
+    days = []
+    for first in range(0, len(bins), per_day):
+        chunk = bins[first : first + per_day]
+        span = min(len(chunk) * BIN_S, engine.horizon - first * BIN_S)
+        if span > 0:
+            days.append(sum(chunk) / (slots * span))
+    return days
