@@ -115,6 +115,11 @@ class Checkpointer:
         )
         self._worker.start()
 
+    @property
+    def saving(self) -> bool:
+        """True while an asynchronous save is being written."""
+        return self._worker is not None and self._worker.is_alive()
+
     def wait(self) -> None:
         """Block until the save in flight, if any, is on disk; raise its error."""
         if self._worker is not None:
