@@ -19,8 +19,8 @@ from gpuguard.agent.conditions import PROFILES, desired_conditions
 from gpuguard.agent.daemon import report_layers
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
 from gpuguard.checks.kernel_log import classify_log, parse_line, scan
-from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.checks.network import PortRecord, evaluate_ports
+from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.controller.observe import project_node
 from gpuguard.model import CheckResult, Layer, Outcome
 from gpuguard.remediation.model import REPORT_ANNOTATION, LayerReport
@@ -218,7 +218,9 @@ def _healthy_gpu(index: int) -> GpuFacts:
 
 def _ports(checked: tuple[tuple[Signal, int], ...]) -> list[PortRecord]:
     ports = [
-        PortRecord(f"mlx5_{index}", 1, "ACTIVE", "LinkUp", LINK_GBPS, "InfiniBand", ca_type="MT4129")
+        PortRecord(
+            f"mlx5_{index}", 1, "ACTIVE", "LinkUp", LINK_GBPS, "InfiniBand", ca_type="MT4129"
+        )
         for index in range(GPUS)
     ]
     for signal, index in checked:

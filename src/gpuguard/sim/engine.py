@@ -124,9 +124,7 @@ class Engine:
         self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
         fleet = scenario.fleet
-        self.slots = [
-            Slot(i, f"pool-{i % fleet.pools}", machine=i) for i in range(fleet.nodes)
-        ]
+        self.slots = [Slot(i, f"pool-{i % fleet.pools}", machine=i) for i in range(fleet.nodes)]
         self.next_machine = fleet.nodes + fleet.spare_nodes
         self.spares = fleet.spare_nodes
         self.repairing = 0
@@ -442,7 +440,9 @@ class Engine:
         slot.human_pending = False
         if slot.machine != machine or slot.down:
             return
-        persistent = [f for f in slot.faults.values() if f.fix in (Fix.RESET, Fix.REBOOT, Fix.REPLACE)]
+        persistent = [
+            f for f in slot.faults.values() if f.fix in (Fix.RESET, Fix.REBOOT, Fix.REPLACE)
+        ]
         if not persistent:
             return
         self.detected(slot)

@@ -161,10 +161,11 @@ def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]
     raw: list[tuple[float, int, str, bool]] = []  # (start, slot, class, lemon)
 
     def draw(cls: str, per_node_day: float, on: np.ndarray, lemon: bool) -> None:
-        count = rng.poisson(per_node_day * len(on) * scenario.days) if len(on) else 0
-        starts = rng.random(count) * horizon
-        where = on[rng.integers(0, len(on), count)] if count else []
-        raw.extend((float(t), int(s), cls, lemon) for t, s in zip(starts, where, strict=True))
+        count = int(rng.poisson(per_node_day * len(on) * scenario.days)) if len(on) else 0
+        if count:
+            starts = rng.random(count) * horizon
+            where = on[rng.integers(0, len(on), count)]
+            raw.extend((float(t), int(s), cls, lemon) for t, s in zip(starts, where, strict=True))
 
     everyone = np.arange(slots)
     for cls in FaultClasses.model_fields:
@@ -223,7 +224,9 @@ def _fix(cls: str, config: FaultClass | None, rng: np.random.Generator) -> Fix:
         return {"fail_slow": Fix.SELF, "benign": Fix.SELF}.get(cls, Fix.RESTART)
     shares = config.fix.shares()
     draw = rng.random() * sum(shares)
-    for fix, share in zip((Fix.RESTART, Fix.RESET, Fix.REBOOT, Fix.REPLACE, Fix.SELF), shares, strict=True):
+    for fix, share in zip(
+        (Fix.RESTART, Fix.RESET, Fix.REBOOT, Fix.REPLACE, Fix.SELF), shares, strict=True
+    ):
         draw -= share
         if draw <= 0 and share > 0:
             return fix

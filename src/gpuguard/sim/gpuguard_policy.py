@@ -239,10 +239,11 @@ class GpuguardPolicy:
                     self._count_false_drain(slot, opened)
                     gpus = tuple(_GPU_INDEX[g] for g in decision.gpus if g in _GPU_INDEX)
                     engine.repair(slot, what, gpus=gpus)
-            elif kind is K.REPLACE:
-                if self._first(decision.node, opened, "replace", decision.attempt):
-                    self._count_false_drain(slot, opened)
-                    engine.replace(slot)
+            elif kind is K.REPLACE and self._first(
+                decision.node, opened, "replace", decision.attempt
+            ):
+                self._count_false_drain(slot, opened)
+                engine.replace(slot)
 
     def _first(self, node: str, opened: float, what: str, attempt: int) -> bool:
         key = (node, opened, what, attempt)
@@ -300,6 +301,6 @@ class GpuguardPolicy:
                 candidates.append(episode.last_action_at + policy.min_action_interval_s)
         if plan.breaker.open:  # it closes as the wave leaves its window
             window = policy.breaker.window_s
-            opened = [e.opened_at for e in self.episodes.values()]
-            candidates += [t + window for t in opened + [e.opened_at for e in self.history]]
+            starts = [e.opened_at for e in [*self.episodes.values(), *self.history]]
+            candidates += [t + window for t in starts]
         return min((c for c in candidates if c > now), default=math.inf)

@@ -54,11 +54,15 @@ def availability_plot(simulation: Simulation) -> str:
         y = TOP + plot_h * (1 - (value - low) / (1 - low))
         return x, y
 
-    body = [f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>']
+    body = [
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>'
+    ]
     for i in range(5):
         value = low + (1 - low) * i / 4
         _, y = xy(0, value)
-        body.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
+        body.append(
+            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+        )
         body.append(_text(LEFT - 6, y + 4, f"{100 * value:.2f}%", "end"))
     target_y = xy(0, 0.9995)[1]
     if target_y > TOP:
@@ -128,11 +132,15 @@ def repair_plot(simulation: Simulation) -> str:
         hours = min(max(hours, low), high)
         return LEFT + plot_w * math.log10(hours / low) / math.log10(high / low)
 
-    body = [f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>']
+    body = [
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>'
+    ]
     for exponent in range(-2, 4):
         x = x_of(10.0**exponent)
-        body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#eee"/>')
-        body.append(_text(x, H - 24, f"{10.0 ** exponent:g} h", "middle"))
+        body.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#eee"/>'
+        )
+        body.append(_text(x, H - 24, f"{10.0**exponent:g} h", "middle"))
     for i in range(5):
         y = TOP + plot_h * (1 - i / 4)
         body.append(_text(LEFT - 6, y + 4, f"{25 * i} %", "end"))
@@ -141,7 +149,7 @@ def repair_plot(simulation: Simulation) -> str:
         total = len(values) + result.unrepaired_faults
         if not total:
             continue
-        points = [(x_of(low), TOP + plot_h)]
+        points: list[tuple[float, float]] = [(x_of(low), float(TOP + plot_h))]
         for i, hours in enumerate(values, start=1):
             y = TOP + plot_h * (1 - i / total)
             points.append((x_of(hours), points[-1][1]))
@@ -153,7 +161,9 @@ def repair_plot(simulation: Simulation) -> str:
             'stroke-width="2"/>'
         )
     body.append(_text(LEFT + plot_w / 2, H - 6, "fault to back in service", "middle"))
-    body += _legend([(n, COLOURS.get(n, "#000")) for n in simulation.results], W - RIGHT + 16, TOP + 10)
+    body += _legend(
+        [(n, COLOURS.get(n, "#000")) for n in simulation.results], W - RIGHT + 16, TOP + 10
+    )
     return _svg(body, "Time to repair: share of faults back in service")
 
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 import numpy as np
 
 from gpuguard.sim.faults import DAY, HOUR
-from gpuguard.sim.scenario import JobSize, Jobs, Scenario
+from gpuguard.sim.scenario import Jobs, JobSize, Scenario
 
 
 class JobState(StrEnum):
@@ -58,9 +58,7 @@ class Job:
     def progress_at(self, t: float) -> float:
         """Work done by ``t`` within the current stretch (``t`` not before its start)."""
         done = self.saved_h
-        for (start, speed), (end, _) in zip(
-            self.pieces, [*self.pieces[1:], (t, 0.0)], strict=True
-        ):
+        for (start, speed), (end, _) in zip(self.pieces, [*self.pieces[1:], (t, 0.0)], strict=True):
             done += speed * max(0.0, min(end, t) - start) / HOUR
         return done
 

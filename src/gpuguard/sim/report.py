@@ -26,21 +26,42 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
         ("GPU-node availability (physical)", lambda r: _pct(r.gpu_node_availability)),
         ("GPU-node availability (slots)", lambda r: _pct(r.slot_availability)),
         ("job success rate", lambda r: _pct(r.job_success_rate)),
-        ("  succeeded / failed / running", lambda r: "{succeeded} / {failed} / {unfinished}".format(**r.jobs)),
+        (
+            "  succeeded / failed / running",
+            lambda r: "{succeeded} / {failed} / {unfinished}".format(**r.jobs),
+        ),
         ("ETTR", lambda r: f"{r.ettr:.4f}"),
         ("goodput (useful / all GPU-hours)", lambda r: f"{r.goodput:.4f}"),
         ("MTTR, fault to back in service (h)", lambda r: f"{r.mttr_hours:.2f}"),
-        ("time to detect p50 / p90 (min)", lambda r: _minutes(r.time_to_detect_h.p50, r.time_to_detect_h.p90)),
-        ("time to quarantine p50 / p90 (min)", lambda r: _minutes(r.time_to_quarantine_h.p50, r.time_to_quarantine_h.p90)),
-        ("time to repair p50 / p90 (h)", lambda r: f"{r.time_to_repair_h.p50:.2f} / {r.time_to_repair_h.p90:.2f}"),
+        (
+            "time to detect p50 / p90 (min)",
+            lambda r: _minutes(r.time_to_detect_h.p50, r.time_to_detect_h.p90),
+        ),
+        (
+            "time to quarantine p50 / p90 (min)",
+            lambda r: _minutes(r.time_to_quarantine_h.p50, r.time_to_quarantine_h.p90),
+        ),
+        (
+            "time to repair p50 / p90 (h)",
+            lambda r: f"{r.time_to_repair_h.p50:.2f} / {r.time_to_repair_h.p90:.2f}",
+        ),
         ("false drains per node-day", lambda r: f"{r.false_drains_per_node_day:.5f}"),
         ("GPU-hours lost (work, restarts, stalls)", lambda r: f"{_lost(r):,.0f}"),
         ("GPU-hours out of service", lambda r: f"{r.gpu_hours['out_of_service']:,.0f}"),
         ("job interruptions", lambda r: str(r.interruptions)),
         ("disruptive actions", lambda r: str(sum(r.actions.values()))),
-        ("  kill job / drain", lambda r: f"{r.actions.get('kill_job', 0)} / {r.actions.get('drain', 0)}"),
-        ("  reset / reboot / replace", lambda r: f"{r.actions.get('reset', 0)} / {r.actions.get('reboot', 0)} / {r.actions.get('replace', 0)}"),
-        ("  by people: reboot / replace", lambda r: f"{r.actions.get('manual_reboot', 0)} / {r.actions.get('manual_replace', 0)}"),
+        (
+            "  kill job / drain",
+            lambda r: f"{r.actions.get('kill_job', 0)} / {r.actions.get('drain', 0)}",
+        ),
+        (
+            "  reset / reboot / replace",
+            lambda r: " / ".join(str(r.actions.get(k, 0)) for k in ("reset", "reboot", "replace")),
+        ),
+        (
+            "  by people: reboot / replace",
+            lambda r: f"{r.actions.get('manual_reboot', 0)} / {r.actions.get('manual_replace', 0)}",
+        ),
         ("breaker trips", lambda r: str(r.breaker_trips)),
     ]
 
@@ -108,7 +129,9 @@ def targets(simulation: Simulation) -> list[str]:
     lines.append(f"- job success {_pct(result.job_success_rate)} vs 99.5 %: {verdict}")
     if result.job_success_rate < TARGET_JOB_SUCCESS:
         for why, count in sorted(result.job_failures.items()):
-            lines.append(f"  {count} job(s) failed: {why}" + _remedy(why, scenario.jobs.retry_budget))
+            lines.append(
+                f"  {count} job(s) failed: {why}" + _remedy(why, scenario.jobs.retry_budget)
+            )
     lost = result.gpu_hours["lost_work"]
     if lost > 0:
         interval = scenario.jobs.checkpoint_interval_min

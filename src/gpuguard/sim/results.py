@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import statistics
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from gpuguard.sim.engine import BIN_S, Engine
+from gpuguard.sim.engine import BIN_S, Engine, FaultTimes
 from gpuguard.sim.faults import HOUR
 from gpuguard.sim.jobs import JobState
 from gpuguard.sli import job_success_rate, ratio
@@ -127,7 +127,9 @@ def summarise(engine: Engine) -> PolicyResult:
     }
     spent["idle"] = max(0.0, fleet_node_hours - sum(spent.values()))
     times = stats.fault_times.values()
-    repaired = [(t.repaired - start) / HOUR for t, start in _with_start(engine) if t.repaired]
+    repaired = [
+        (t.repaired - start) / HOUR for t, start in _with_start(engine) if t.repaired is not None
+    ]
     return PolicyResult(
         policy=engine.driver.name,
         gpu_node_availability=engine.machine_share.share,
@@ -141,7 +143,11 @@ def summarise(engine: Engine) -> PolicyResult:
             [(t.detected - s) / HOUR for t, s in _with_start(engine) if t.detected is not None]
         ),
         time_to_quarantine_h=Distribution.of(
-            [(t.quarantined - s) / HOUR for t, s in _with_start(engine) if t.quarantined is not None]
+            [
+                (t.quarantined - s) / HOUR
+                for t, s in _with_start(engine)
+                if t.quarantined is not None
+            ]
         ),
         time_to_repair_h=Distribution.of(repaired),
         unrepaired_faults=sum(1 for t in times if t.repaired is None),
@@ -163,15 +169,15 @@ def summarise(engine: Engine) -> PolicyResult:
     )
 
 
-def _with_start(engine: Engine) -> list[tuple[object, float]]:
+def _with_start(engine: Engine) -> list[tuple[FaultTimes, float]]:
     by_id = {fault.id: fault.start for fault in engine.faults}
     return [(times, by_id[fault_id]) for fault_id, times in engine.stats.fault_times.items()]
 
 
 def _mttf(engine: Engine, *, attributed: bool) -> dict[int, float]:
     """Job mean time to failure by job size: hours on nodes per interruption."""
-    exposure: Counter[int] = Counter()
-    hits: Counter[int] = Counter()
+    exposure: dict[int, float] = defaultdict(float)
+    hits: dict[int, int] = defaultdict(int)
     for job in engine.jobs:
         exposure[job.nodes] += job.running_h + job.overhead_h
         hits[job.nodes] += job.attributed_interruptions if attributed else job.interruptions

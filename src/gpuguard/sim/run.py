@@ -50,13 +50,19 @@ def simulate(
     results = {}
     for name in policies:
         jobs = generate_jobs(scenario, np.random.default_rng([scenario.seed, 1]))
-        driver: Driver = {
-            "none": NoPolicy,
-            "reactive": ReactivePolicy,
-            "gpuguard": lambda: GpuguardPolicy(policy),
-        }[name]()
+        driver = _driver(name, policy)
         report = (lambda f, n=name: progress(n, f)) if progress is not None else None
         engine = Engine(scenario, faults, jobs, driver, view, seed=scenario.seed, progress=report)
         engine.run()
         results[name] = summarise(engine)
     return Simulation(scenario, policy, results)
+
+
+def _driver(name: str, policy: Policy) -> Driver:
+    if name == "none":
+        return NoPolicy()
+    if name == "reactive":
+        return ReactivePolicy()
+    if name == "gpuguard":
+        return GpuguardPolicy(policy)
+    raise ValueError(f"unknown policy {name!r} (policies: {', '.join(POLICIES)})")

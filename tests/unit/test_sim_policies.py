@@ -1,0 +1,128 @@
+"""The simulated policies: same failures for all, the real policy code, honest reporting."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from gpuguard.cli import main
+from gpuguard.remediation.policy import Policy, build_policy
+from gpuguard.sim.faults import generate_faults
+from gpuguard.sim.report import table
+from gpuguard.sim.run import simulate
+from gpuguard.sim.scenario import FaultClasses, Scenario, build_scenario, load_scenario
+
+SMALL = {"days": 10, "fleet": {"nodes": 160}}
+
+
+def _scenario(**changes: object) -> Scenario:
+    data = load_scenario().model_dump(by_alias=True)
+    for key, value in {**SMALL, **changes}.items():
+        if isinstance(value, dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return build_scenario(data, "test")
+
+
+def test_same_seed_same_run_and_another_seed_another_run():
+    first = simulate(_scenario())
+    again = simulate(_scenario())
+    other = simulate(_scenario(seed=2))
+    assert {n: r.to_dict() for n, r in first.results.items()} == {
+        n: r.to_dict() for n, r in again.results.items()
+    }
+    assert first.results["gpuguard"].to_dict() != other.results["gpuguard"].to_dict()
+
+
+def test_the_failure_stream_does_not_depend_on_the_policy():
+    scenario = _scenario()
+    one = generate_faults(scenario, np.random.default_rng([scenario.seed, 0]))
+    two = generate_faults(scenario, np.random.default_rng([scenario.seed, 0]))
+    assert [(f.slot, f.start, f.cls, f.fix) for f in one] == [
+        (f.slot, f.start, f.cls, f.fix) for f in two
+    ]
+    results = simulate(scenario).results
+    assert len({r.faults for r in results.values()}) <= 3  # faults on machines gone differ
+    assert all(r.faults > 0 for r in results.values())
+
+
+def test_one_policy_setting_changes_the_outcome_through_the_real_policy():
+    scenario = _scenario(days=30, fleet={"nodes": 256})
+    default = simulate(scenario, Policy(), policies=("gpuguard",)).results["gpuguard"]
+    no_replace = build_policy({"max_attempts": {"REPLACE": 0}}, "test")
+    held = simulate(scenario, no_replace, policies=("gpuguard",)).results["gpuguard"]
+    assert default.actions.get("replace", 0) > 0
+    assert held.actions.get("replace", 0) == 0  # the rung is off: the ladder never reaches it
+    # Broken machines wait for a person instead: more manual replacements, longer repairs.
+    assert held.actions.get("manual_replace", 0) > default.actions.get("manual_replace", 0)
+    assert held.mttr_hours > default.mttr_hours
+
+
+def test_a_benign_xid_drains_under_the_reactive_rule_but_not_under_the_xid_catalog():
+    quiet = {name: {"rate": 0, "fix": {"restart": 1}} for name in FaultClasses.model_fields}
+    scenario = _scenario(
+        failures={
+            "classes": quiet,
+            "fail_slow_per_1000_node_days": 0,
+            "benign_signals_per_node_day": 0.05,
+        }
+    )
+    results = simulate(scenario).results
+    assert results["reactive"].false_drains_per_node_day > 0  # any "NVRM: Xid" line drains
+    assert results["gpuguard"].false_drains_per_node_day == 0  # Xid 63 is IGNORE in the catalog
+    assert results["gpuguard"].actions.get("drain", 0) == 0
+    assert results["none"].actions == {}
+
+
+def test_a_missed_target_is_reported_with_what_would_have_to_change():
+    simulation = simulate(_scenario())
+    text = table(simulation)
+    physical = simulation.results["gpuguard"].gpu_node_availability
+    assert physical < 0.9995  # machines away for a week of repair count against it
+    assert "physical GPU-node availability" in text and "MISSED" in text
+    assert "99.95 % allows" in text
+
+
+def test_json_has_the_documented_shape(capsys, tmp_path):
+    report = tmp_path / "out" / "report.html"
+    code = main(
+        [
+            "simulate",
+            "--days",
+            "5",
+            "--nodes",
+            "160",
+            "--json",
+            "--no-progress",
+            "--html",
+            str(report),
+        ]
+    )
+    assert code == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert set(data["policies"]) == {"none", "reactive", "gpuguard"}
+    for result in data["policies"].values():
+        for key in (
+            "gpu_node_availability",
+            "slot_availability",
+            "job_success_rate",
+            "ettr",
+            "mttr_hours",
+            "false_drains_per_node_day",
+        ):
+            assert 0 <= result[key] <= (1 if key != "mttr_hours" else 1e6)
+    assert data["seed"] == 1 and data["scenario"]["fleet"]["nodes"] == 160
+    html = report.read_text()
+    assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 4
+    assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # self-contained
+    assert str(report.resolve()) in captured.err
+
+
+def test_a_bad_scenario_file_is_a_usage_error(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text("fleet: {nodes: 0}\n")
+    assert main(["simulate", "--scenario", str(path), "--no-progress"]) == 64
+    assert "fleet.nodes" in capsys.readouterr().err
