@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from gpuguard.controller.observe import format_time, parse_time, project_node
+from gpuguard.kube.times import parse_time as parse_exact
 from gpuguard.model import Action
 
 
@@ -115,3 +116,39 @@ def test_degraded_layer_that_asks_for_a_repair_counts_as_unhealthy():
         {"layers": {"gpu": {"status": "Degraded", "action": "NONE"}}}
     )
     assert project_node(raw, "pool").layers["gpu"].status == "True"  # throttling: no repair
+
+
+def with_verify(request: str | None, answer: object) -> dict:
+    raw = node()
+    annotations = raw["metadata"]["annotations"]
+    report = json.loads(annotations["gpuguard.io/report"])
+    report["verify"] = answer
+    annotations["gpuguard.io/report"] = json.dumps(report)
+    if request is not None:
+        annotations["gpuguard.io/verify-requested"] = request
+    return raw
+
+
+def test_verify_request_and_answer_are_projected_exactly():
+    stamp = "2026-11-29T19:00:05.123456789Z"  # the policy's float, written without loss
+    answer = {"requestedAt": stamp, "at": "2026-11-29T19:01:00Z", "passed": True, "codes": []}
+    observed = project_node(with_verify(stamp, answer), "karpenter.sh/nodepool")
+    assert observed.verify_requested_at == parse_exact(stamp)
+    assert observed.verify is not None and observed.verify.requested_at == parse_exact(stamp)
+    assert observed.verify.passed and observed.verify.codes == ()
+    failed = {**answer, "passed": False, "codes": ["DEEP_MATMUL_SLOW"]}
+    observed = project_node(with_verify(stamp, failed), "karpenter.sh/nodepool")
+    assert observed.verify is not None and observed.verify.codes == ("DEEP_MATMUL_SLOW",)
+
+
+def test_garbled_verify_answers_are_no_answer_and_never_a_pass():
+    for garbled in (
+        "passed",
+        {"requestedAt": "yesterday", "passed": True, "codes": []},
+        {"requestedAt": "2026-11-29T19:00:05Z", "passed": True},
+    ):
+        observed = project_node(with_verify("not a time", garbled), "karpenter.sh/nodepool")
+        assert observed.verify is None and observed.verify_requested_at is None
+    truthy = {"requestedAt": "2026-11-29T19:00:05Z", "passed": "yes", "codes": []}
+    observed = project_node(with_verify(None, truthy), "karpenter.sh/nodepool")
+    assert observed.verify is not None and not observed.verify.passed

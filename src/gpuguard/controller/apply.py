@@ -19,8 +19,15 @@ from gpuguard.controller.providers import Provider
 from gpuguard.kube import drain, fleet
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import save_episode, set_request
-from gpuguard.kube.rest import Json, KubeApi
-from gpuguard.remediation.model import Decision, DecisionKind, Episode, Plan
+from gpuguard.kube.rest import NODES, Json, KubeApi
+from gpuguard.kube.times import format_time
+from gpuguard.remediation.model import (
+    VERIFY_REQUEST_ANNOTATION,
+    Decision,
+    DecisionKind,
+    Episode,
+    Plan,
+)
 
 log = logging.getLogger("gpuguard.controller")
 # Concurrent API writes per reconcile: nodes in parallel, each node's steps in order.
@@ -136,6 +143,17 @@ class Applier:
                     )
             case Kind.REPLACE:
                 self.provider.replace(decision.node)
+            case Kind.REQUEST_VERIFY:
+                if decision.requested_at is not None:
+                    self._annotate(decision.node, format_time(decision.requested_at))
+            case Kind.CLEAR_VERIFY:
+                self._annotate(decision.node, None)
+
+    def _annotate(self, node: str, verify_request: str | None) -> None:
+        """Set (or remove) the verify request: a merge patch of that one annotation, so a
+        repeated decision writes the same value and nothing of the agent's is touched."""
+        patch = {"metadata": {"annotations": {VERIFY_REQUEST_ANNOTATION: verify_request}}}
+        self.api.patch(NODES.path(node), patch)
 
     def _count_evictions(self, counts: drain.DrainCounts) -> None:
         self.metrics.evictions.labels("evicted").inc(counts.evicted)

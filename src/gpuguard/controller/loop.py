@@ -45,10 +45,11 @@ RETRY_S = 2.0
 
 
 def _needs_attention(observed: NodeObservation) -> bool:
-    """Not plainly healthy, or carrying our taint or our cordon."""
+    """Not plainly healthy, or carrying our taint, our cordon or our verify request."""
     return (
         observed.tainted
         or observed.cordoned_by_us
+        or observed.verify_requested_at is not None
         or any(layer.status != "True" for layer in observed.layers.values())
     )
 

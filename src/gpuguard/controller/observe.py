@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuguard.agent.conditions import PROFILES
+from gpuguard.kube import times
 from gpuguard.model import Action
 from gpuguard.remediation.model import (
     CORDONED_BY_US_ANNOTATION,
@@ -19,8 +20,10 @@ from gpuguard.remediation.model import (
     EXCLUDE_LABEL,
     REPORT_ANNOTATION,
     TAINT_KEY,
+    VERIFY_REQUEST_ANNOTATION,
     LayerReport,
     NodeObservation,
+    VerifyAnswer,
 )
 
 # Condition type -> layer name, for every profile the agent may be running with.
@@ -64,7 +67,31 @@ def project_node(node: Mapping[str, Any], pool_label: str) -> NodeObservation:
         tainted=any(t.get("key") == TAINT_KEY for t in spec.get("taints") or []),
         unschedulable=bool(spec.get("unschedulable")),
         cordoned_by_us=CORDONED_BY_US_ANNOTATION in annotations,
+        verify_requested_at=_exact_time(annotations.get(VERIFY_REQUEST_ANNOTATION)),
+        verify=_verify_answer(report.get("verify")),
     )
+
+
+def _verify_answer(entry: object) -> VerifyAnswer | None:
+    """The report's answer to a verify request; anything garbled is no answer (which
+    times out as a failure, never passes)."""
+    if not isinstance(entry, dict):
+        return None
+    requested_at = _exact_time(entry.get("requestedAt"))
+    codes = entry.get("codes")
+    if requested_at is None or not isinstance(codes, list):
+        return None
+    return VerifyAnswer(requested_at, entry.get("passed") is True, tuple(map(str, codes)))
+
+
+def _exact_time(value: object) -> float | None:
+    """A verify stamp, back to exactly the float the policy wrote (it matches on it)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return times.parse_time(value)
+    except ValueError:
+        return None
 
 
 def parse_time(value: object) -> float | None:

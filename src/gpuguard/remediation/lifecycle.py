@@ -30,6 +30,7 @@ from gpuguard.remediation.model import (
     Phase,
     Resolution,
     Step,
+    VerifyAnswer,
 )
 from gpuguard.remediation.policy import Policy
 
@@ -72,8 +73,11 @@ class PlanBuilder:
         action: Action | None = None,
         gpus: tuple[str, ...] = (),
         attempt: int = 0,
+        requested_at: float | None = None,
     ) -> None:
-        self.decisions[node].append(Decision(kind, node, reason, action, gpus, attempt))
+        self.decisions[node].append(
+            Decision(kind, node, reason, action, gpus, attempt, requested_at)
+        )
 
     def record(self, episode: Episode, message: str, phase: Phase | None = None) -> None:
         """Enter ``phase`` (its clock restarts), add a step, write it ahead of its actions."""
@@ -102,6 +106,8 @@ class PlanBuilder:
             self.emit(Kind.UNTAINT, node.name, "healthy, no open episode: leftover taint")
         if node.cordoned_by_us:
             self.emit(Kind.UNCORDON, node.name, "healthy, no open episode: leftover cordon")
+        if node.verify_requested_at is not None:
+            self.emit(Kind.CLEAR_VERIFY, node.name, "no open episode: leftover verify request")
 
     def close(
         self, episode: Episode, resolution: Resolution, why: str, node: NodeObservation | None
@@ -114,6 +120,8 @@ class PlanBuilder:
         self.emit(Kind.UNTAINT, node.name, f"{resolution}: {why}")
         if episode.cordoned_by_us or node.cordoned_by_us:
             self.emit(Kind.UNCORDON, node.name, f"{resolution}: {why}")
+        if node.verify_requested_at is not None:
+            self.emit(Kind.CLEAR_VERIFY, node.name, f"{resolution}: {why}")
 
     # -- the episode's life cycle ------------------------------------------------------
 
@@ -139,7 +147,9 @@ class PlanBuilder:
 
     def quarantined(self, episode: Episode, node: NodeObservation) -> None:
         now, policy = self.now, self.policy
-        if is_healthy(node, policy, now):
+        if is_healthy(node, policy, now) and policy.verify.applies_to(episode.rung):
+            self.healthy_unverified(episode, node)
+        elif is_healthy(node, policy, now):
             tried = episode.rung is not None
             resolution = Resolution.REPAIRED if tried else Resolution.TRANSIENT
             self.close(episode, resolution, f"healthy for {policy.clear_after_s:g}s", node)
@@ -207,16 +217,55 @@ class PlanBuilder:
             self.request(episode)
 
     def verifying(self, episode: Episode, node: NodeObservation) -> None:
+        """Close once a fresh report is healthy and, where the verify gate applies, the
+        deep suite passed for a request of this phase; a failed or missing verify counts as
+        a failed repair (fail closed)."""
         # Fresh: written after the action ended. The agent stamps both its result and its
         # report, so compare its own clocks when there is a result.
         done = episode.action_result.at if episode.action_result else episode.phase_since
         fresh = node.reported_at is not None and node.reported_at > done
-        if fresh and is_healthy(node, self.policy, self.now):
-            self.close(episode, Resolution.REPAIRED, f"healthy after {_label(episode)}", node)
-        elif self.now - episode.phase_since > self.policy.verify_timeout_s:
+        healthy = fresh and is_healthy(node, self.policy, self.now)
+        gated = self.policy.verify.applies_to(episode.rung)
+        # The request of this phase is stamped with its start: an older answer is stale.
+        answer = verify_since(node, episode.phase_since) if gated else None
+        waited = self.now - episode.phase_since
+        label = _label(episode)
+        if answer is not None and not answer.passed:
+            codes = ", ".join(answer.codes) or "no codes"
+            self.try_start(episode, node, f"deep verify after {label} failed: {codes}")
+        elif healthy and (answer is not None or not gated):
+            passed = " and passed the deep verify" if gated else ""
+            self.close(episode, Resolution.REPAIRED, f"healthy after {label}{passed}", node)
+        elif not healthy and waited > self.policy.verify_timeout_s:
             timeout = self.policy.verify_timeout_s
-            why = f"not healthy {timeout:g}s after {_label(episode)}: {describe(node)}"
-            self.try_start(episode, node, why)
+            self.try_start(
+                episode, node, f"not healthy {timeout:g}s after {label}: {describe(node)}"
+            )
+        elif gated and answer is None and waited > self.policy.verify.timeout_s:
+            timeout = self.policy.verify.timeout_s
+            self.try_start(episode, node, f"no deep verify answer {timeout:g}s after {label}")
+        elif gated and answer is None and not _requested_since(node, episode.phase_since):
+            self.emit(
+                Kind.REQUEST_VERIFY,
+                node.name,
+                f"deep verify after {label}",
+                requested_at=episode.phase_since,
+            )
+
+    def healthy_unverified(self, episode: Episode, node: NodeObservation) -> None:
+        """Healthy again in QUARANTINED after a verified rung (its attempt failed, timed out
+        or had to wait): it returns to service only with a pass since its last action."""
+        since = episode.last_action_at if episode.last_action_at is not None else 0.0
+        answer = verify_since(node, since)
+        label = _label(episode)
+        if answer is not None and answer.passed:
+            why = f"healthy for {self.policy.clear_after_s:g}s and passed the deep verify"
+            self.close(episode, Resolution.REPAIRED, f"{why} after {label}", node)
+        elif _requested_since(node, since):
+            outcome = "failed" if answer is not None else "was not answered"
+            self.note(node.name, f"healthy, but the deep verify after {label} {outcome}")
+        else:
+            self.record(episode, f"healthy after {label}: deep verify", Phase.VERIFYING)
 
     # -- climbing the ladder -----------------------------------------------------------
 
@@ -286,3 +335,13 @@ class PlanBuilder:
             gpus=episode.gpus,
             attempt=episode.attempt,
         )
+
+
+def verify_since(node: NodeObservation, since: float) -> VerifyAnswer | None:
+    """The agent's verify answer, when it answers a request made at ``since`` or later."""
+    answer = node.verify
+    return answer if answer is not None and answer.requested_at >= since else None
+
+
+def _requested_since(node: NodeObservation, since: float) -> bool:
+    return node.verify_requested_at is not None and node.verify_requested_at >= since

@@ -90,6 +90,29 @@ class Breaker(_Strict):
         return self
 
 
+class Verify(_Strict):
+    """The deep suite (``gpuguard check --deep``) as the last gate before a repaired node
+    returns to service: the controller asks the node's agent for it and waits for a pass.
+
+    Off by default: the suite needs PyTorch in the agent's image, and a node without it can
+    never pass (its agent answers ``TOOL_MISSING``), so such a node would stay quarantined.
+    The suite loads every GPU of the node, so by default only the rung that drains the whole
+    node (REBOOT) is verified; after a GPU reset other GPUs may still be running jobs.
+    """
+
+    enabled: bool = Field(default=False, description="Require a deep-suite pass after a repair")
+    timeout_s: Seconds = Field(
+        default=900, gt=0, description="No answer within this long fails the verify"
+    )
+    rungs: list[Literal["RESET_GPU", "REBOOT"]] = Field(
+        default_factory=lambda: ["REBOOT"],  # type: ignore[arg-type]
+        description="The rungs whose repair is verified (RESET_GPU loads busy GPUs too)",
+    )
+
+    def applies_to(self, rung: Action | None) -> bool:
+        return self.enabled and rung is not None and rung.name in self.rungs
+
+
 class Policy(_Strict):
     """Everything ``decide`` is told besides the fleet's state and the time."""
 
@@ -136,6 +159,7 @@ class Policy(_Strict):
     lemon_window_s: Seconds = Field(default=7 * 24 * 3600)
     budget: Budget = Budget()
     breaker: Breaker = Breaker()
+    verify: Verify = Verify()
 
     @field_validator("tolerances", mode="after")
     @classmethod
@@ -180,7 +204,7 @@ def load_policy(path: Path) -> Policy:
     return build_policy(read_yaml_mapping(Path(path), "remediation policy"), origin=str(path))
 
 
-_SECTIONS: dict[str, type[BaseModel]] = {"budget": Budget, "breaker": Breaker}
+_SECTIONS: dict[str, type[BaseModel]] = {"budget": Budget, "breaker": Breaker, "verify": Verify}
 
 
 def _model_at(loc: list[str]) -> type[BaseModel]:
