@@ -135,14 +135,14 @@ class DeepSchedule:
         self._wall = wall
         self._lock = threading.Lock()
         self._pending: str | None = None
-        self._answered: str | None = None
+        self._taken: str | None = None  # the stamp being answered or last answered
         self._last_skip = ""
         self.wake = threading.Event()
 
     def request_verify(self, stamp: str) -> None:
         """Run the suite as soon as possible for the request stamped ``stamp`` (once)."""
         with self._lock:
-            if stamp in (self._pending, self._answered):
+            if stamp in (self._pending, self._taken):
                 return
             self._pending = stamp
         self.wake.set()
@@ -153,10 +153,9 @@ class DeepSchedule:
             self.wake.clear()
             with self._lock:
                 stamp, self._pending = self._pending, None
+                self._taken = stamp or self._taken
             if stamp is not None:
                 self._run("verify", stamp)
-                with self._lock:
-                    self._answered = stamp
             elif due is not None and self._clock() >= due:
                 due = self._scheduled_run()
             wait = None if due is None else max(0.0, due - self._clock())

@@ -1,0 +1,157 @@
+"""The verify gate on the real API server: the controller asks through the Node, the real
+agent runs its deep check (a fake suite the test holds and releases) and answers in its
+report, and the node returns to service only after that pass."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from gpuguard.agent.daemon import Agent
+from gpuguard.agent.deep import Activity, Idleness
+from gpuguard.agent.follow import FileFollower
+from gpuguard.agent.repair import BundleRepair, RepairExecutor
+from gpuguard.checks.base import CheckContext
+from gpuguard.checks.registry import default_checks
+from gpuguard.config import Config
+from gpuguard.kube.client import NodeApi, load_client
+from gpuguard.kube.rest import KubeApi, load_api
+from gpuguard.model import NODE, Action, Finding, Layer, Severity
+from gpuguard.remediation.model import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
+from gpuguard.sources import BundleSources
+from tests.kube import test_controller
+from tests.kube.test_controller import (
+    POOL,
+    Running,
+    append,
+    node,
+    node_name,
+    status_of,
+    tainted,
+)
+from tests.support.cluster import make_node, wait_for
+from tests.support.controlplane import ControlPlane
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+GATE = {"verify": {"enabled": True, "timeout_s": 60, "rungs": ["RESET_GPU"]}}
+start_controller = test_controller.start_controller  # the fixture, shared
+DBE = "An uncorrectable double bit error (DBE) has been detected on GPU"
+
+
+class HeldDeepCheck:
+    """The deep suite as the test drives it: it starts, waits for ``release``, then answers
+    with ``findings`` (none: a pass)."""
+
+    name: ClassVar[str] = "deep-gpu"
+    layer: ClassVar[Layer] = Layer.GPU
+
+    def __init__(self, findings: list[Finding] | None = None) -> None:
+        self.findings = findings or []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.runs = 0
+
+    def run(self, ctx: CheckContext) -> list[Finding]:
+        self.runs += 1
+        self.started.set()
+        self.release.wait(30)
+        return list(self.findings)
+
+
+@pytest.fixture
+def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    running: list[Running] = []
+
+    def start(name: str, deep: HeldDeepCheck) -> Path:
+        bundle = tmp_path / name
+        shutil.copytree(EXAMPLES / "healthy-h100", bundle)
+        (bundle / "boot_id").write_text(f"boot-{uuid.uuid4()}\n")
+        config = Config(
+            check_interval_s=0.5, heartbeat_interval_s=1, metrics_port=0, expected_gpus=1
+        )
+        agent = Agent(
+            config,
+            BundleSources(bundle),
+            default_checks(),
+            FileFollower(bundle / "kmsg.log", 0.05),
+            name,
+            NodeApi(load_client(control_plane.admin_kubeconfig)),
+            deep_check=deep,
+            idleness=lambda: Idleness(Activity.BUSY, "never scheduled here"),
+        )
+        rest = load_api(control_plane.admin_kubeconfig)
+        executor = RepairExecutor(
+            rest, name, BundleRepair(bundle / "repairs.log"), agent.after_repair
+        )
+        running.extend([Running(agent.run), Running(executor.run)])
+        return bundle
+
+    yield start
+    for item in running:
+        item.halt()
+
+
+def annotations(api: KubeApi, name: str) -> dict[str, str]:
+    return dict(node(api, name)["metadata"].get("annotations") or {})
+
+
+def report(api: KubeApi, name: str) -> dict[str, Any]:
+    return dict(json.loads(annotations(api, name).get(REPORT_ANNOTATION, "{}")))
+
+
+def broken_then_reset(api: KubeApi, start_agent, start_controller, deep: HeldDeepCheck) -> str:
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    bundle = start_agent(name, deep)
+    start_controller(**GATE)
+    wait_for(lambda: node(api, name)["status"]["conditions"], what="the agent's first report")
+    append(bundle, 48, DBE)
+    wait_for(lambda: tainted(api, name), what="quarantine")
+    wait_for(lambda: deep.started.is_set(), 40, "the agent running the requested verify")
+    assert (bundle / "repairs.log").read_text() == "reset 0000:91:00.0\n"
+    return name
+
+
+def test_repaired_node_returns_to_service_only_after_the_verify_passes(
+    api, start_agent, start_controller
+):
+    deep = HeldDeepCheck()
+    name = broken_then_reset(api, start_agent, start_controller, deep)
+    stamp = annotations(api, name)[VERIFY_REQUEST_ANNOTATION]
+    time.sleep(2.5)  # past clear_after_s and several heartbeats: healthy, but not verified
+    assert status_of(api, name)["phase"] == "Verifying" and tainted(api, name)
+
+    deep.release.set()
+    closed = wait_for(lambda: status_of(api, name).get("resolution"), 30, "the close")
+    assert closed == "Repaired"
+    assert "passed the deep verify" in status_of(api, name)["lastMessage"]
+    wait_for(lambda: not tainted(api, name), what="untaint")
+    answer = report(api, name)["verify"]
+    assert answer["requestedAt"] == stamp and answer["passed"] is True
+    assert deep.runs == 1  # one request, one run, though the agent saw it at every heartbeat
+    wait_for(lambda: VERIFY_REQUEST_ANNOTATION not in annotations(api, name), what="withdrawn")
+
+
+def test_failed_verify_escalates_instead_of_returning_the_node(api, start_agent, start_controller):
+    slow = Finding(
+        Layer.GPU, "DEEP_MATMUL_SLOW", Severity.WARNING, Action.RESET_GPU, NODE, "deep-gpu", "slow"
+    )
+    deep = HeldDeepCheck([slow])
+    deep.release.set()
+    name = broken_then_reset(api, start_agent, start_controller, deep)
+    rung = wait_for(
+        lambda: status_of(api, name).get("rung") == "REBOOT" and status_of(api, name),
+        30,
+        "escalation to REBOOT",
+    )
+    assert "deep verify after RESET_GPU attempt 1 failed: DEEP_MATMUL_SLOW" in json.dumps(rung)
+    assert tainted(api, name) and not status_of(api, name).get("resolution")
+    assert report(api, name)["verify"]["codes"] == ["DEEP_MATMUL_SLOW"]
