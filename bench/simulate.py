@@ -1,0 +1,84 @@
+"""Fleet simulator speed: simulated node-days per second, all three policies.
+
+Goal: 1,000 nodes x 90 days, none + reactive + gpuguard, in under 60 s on one core; and
+10,000 nodes x 365 days must finish (its time is reported). Next to each run, the share of
+the time spent inside the remediation policy core (``decide``), measured in the same run,
+so a slow run says whether the engine or the policy is the cost.
+
+    .venv/bin/python bench/simulate.py            # both runs
+    .venv/bin/python bench/simulate.py --quick    # 1,000 x 90 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import gpuguard.sim.gpuguard_policy as gpuguard_policy
+from gpuguard.sim.run import POLICIES, simulate
+from gpuguard.sim.scenario import load_scenario
+
+RUNS = ((1_000, 90.0), (10_000, 365.0))
+
+
+class _DecideTimer:
+    """Wraps the policy core the simulator calls, to time it in the same run."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        self._decide = gpuguard_policy.decide
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        try:
+            return self._decide(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.calls += 1
+
+
+def measure(nodes: int, days: float) -> None:
+    scenario = load_scenario().with_overrides(nodes=nodes, days=days)
+    timer = _DecideTimer()
+    gpuguard_policy.decide = timer  # type: ignore[assignment]
+    per_policy = {}
+    total = 0.0
+    try:
+        for name in POLICIES:
+            started = time.perf_counter()
+            result = simulate(scenario, policies=(name,)).results[name]
+            per_policy[name] = (time.perf_counter() - started, result)
+            total += per_policy[name][0]
+    finally:
+        gpuguard_policy.decide = timer._decide  # type: ignore[assignment]
+    node_days = nodes * days * len(POLICIES)
+    print(f"\n{nodes:,} nodes x {days:g} days x {len(POLICIES)} policies")
+    print("| policy | seconds | node-days/s | faults | job interruptions |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (seconds, result) in per_policy.items():
+        print(
+            f"| {name} | {seconds:.1f} | {nodes * days / seconds:,.0f} | {result.faults:,}"
+            f" | {result.interruptions:,} |"
+        )
+    print(f"| all three | {total:.1f} | {node_days / total:,.0f} | | |")
+    share = timer.seconds / per_policy["gpuguard"][0]
+    print(
+        f"policy core: {timer.calls:,} decide calls, {timer.seconds:.1f} s"
+        f" ({100 * share:.0f} % of the gpuguard run)"
+    )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak resident memory so far: {peak:.0f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only 1,000 nodes x 90 days")
+    args = parser.parse_args()
+    for nodes, days in RUNS[:1] if args.quick else RUNS:
+        measure(nodes, days)
+
+
+if __name__ == "__main__":
+    main()
