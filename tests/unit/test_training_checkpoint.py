@@ -250,19 +250,25 @@ def test_a_checkpoint_needing_a_missing_library_is_an_error_not_a_skip(tmp_path,
 
 def test_an_asynchronous_save_writes_the_state_as_it_was_when_saved(tmp_path):
     checkpointer = Checkpointer(tmp_path, asynchronous=True)
-    state = state_at(1)
+    big = np.arange(9_000_000, dtype=np.float64)  # 72 MB: copied in chunks by threads
+    state = {**state_at(1), "big": big, "strided": np.arange(100.0)[::3]}
     checkpointer.save(1, state)
     state["weights"] += 100.0  # training goes on while the save is written
     state["bias"][:] = -1
+    big[-5:] = -1
     checkpointer.wait()
-    assert np.array_equal(Checkpointer(tmp_path).restore().state["weights"], state_at(1)["weights"])
+    assert not checkpointer.saving
+    saved = Checkpointer(tmp_path).restore().state
+    assert np.array_equal(saved["weights"], state_at(1)["weights"])
+    assert np.array_equal(saved["big"], np.arange(9_000_000, dtype=np.float64))
+    assert np.array_equal(saved["strided"], np.arange(100.0)[::3])
 
     checkpointer.save(2, state)  # the staging buffers are reused: they must be refreshed
     checkpointer.close()
     restored = Checkpointer(tmp_path).restore()
     assert restored.step == 2
-    assert np.array_equal(restored.state["weights"], state["weights"])
-    assert np.array_equal(restored.state["bias"], state["bias"])
+    for name in ("weights", "bias", "big"):
+        assert np.array_equal(restored.state[name], state[name])
 
 
 def test_a_background_failure_surfaces_on_the_next_call_and_keeps_the_last_good(tmp_path):
