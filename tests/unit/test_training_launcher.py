@@ -213,23 +213,40 @@ def test_a_crash_loop_is_stopped(tmp_path):
     assert "stopped after 3 runs: crash loop, 3 failures in" in last_report(output)
 
 
-def test_a_preemption_reported_through_a_wrapper_is_an_interruption(tmp_path, reference_params):
-    """torchrun exits 1 when a worker exits 75; the worker's note in the reason file counts."""
-    wrapper = "import subprocess, sys; sys.exit(1 if subprocess.call(sys.argv[1:]) else 0)"
-    command = [sys.executable, "-c", wrapper, *loop_command(tmp_path)]
+# Stands for torchrun: passes SIGTERM on to its worker, exits 1 when the worker fails.
+TORCHRUN_LIKE = (
+    "import signal, subprocess, sys; worker = subprocess.Popen(sys.argv[1:]); "
+    "signal.signal(signal.SIGTERM, lambda *_: worker.send_signal(signal.SIGTERM)); "
+    "sys.exit(1 if worker.wait() else 0)"
+)
+
+
+def test_a_preemption_reported_through_a_wrapper_counts_and_is_the_exit_status(
+    tmp_path, reference_params
+):
+    command = [sys.executable, "-c", TORCHRUN_LIKE, *loop_command(tmp_path)]
     launcher = start(tmp_path, ["--app-retries", "0"], command)
+    log = tmp_path / "steps.log"
     interrupt(
-        tmp_path / "steps.log",
+        log,
         launcher,
-        [Interruption(60, signal.SIGTERM)],
+        [Interruption(60, signal.SIGTERM)],  # to the worker: the wrapper exits 1
         seed=1,
         step_seconds=STEP_SECONDS,
         timeout_s=TIMEOUT_S,
     )
+    while read_runs(log)[-1].steps[-1:] < [100]:
+        assert launcher.poll() is None
+        time.sleep(0.005)
+    launcher.send_signal(signal.SIGTERM)  # the pod goes away; the wrapper passes it on
     returncode, output = finish(launcher, tmp_path)
 
-    assert returncode == 0, output
+    assert returncode == 75, output  # the worker's word, not the wrapper's 1
     assert "run 1 ended: exit 1, a worker reported 75 (preempted); infrastructure" in output
+    assert "stopped: asked to stop (SIGTERM); last run: exit 1, a worker reported 75" in output
+    returncode, output = finish(start(tmp_path, [], command), tmp_path)
+    assert returncode == 0, output
+    assert recomputed_steps(read_runs(log)) == [0, 0]
     assert (tmp_path / "params.bin").read_bytes() == reference_params
 
 

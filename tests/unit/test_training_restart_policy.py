@@ -52,8 +52,10 @@ def test_extra_infrastructure_exit_codes():
 
 
 def test_exit_status_and_description():
-    assert exit_status(-signal.SIGKILL) == 137
-    assert exit_status(3) == 3
+    assert exit_status(ended(-signal.SIGKILL)) == 137
+    assert exit_status(ended(3)) == 3
+    assert exit_status(ended(1, reported_code=75)) == 75  # what torchrun's 1 stands for
+    assert exit_status(ended(0, reported_code=75)) == 0
     assert describe(ended(75)) == "exit 75 (preempted)"
     assert describe(ended(-9)) == "killed by SIGKILL"
     assert describe(ended(1, reported_code=69)) == "exit 1, a worker reported 69 (GPU lost)"

@@ -124,7 +124,7 @@ class Launcher:
         if last is None:
             say(f"stopped: asked to stop ({asked}) before the job started")
             return 128 + self._stop_requests[0]
-        status = exit_status(last.returncode)
+        status = exit_status(last)
         say(f"stopped: asked to stop ({asked}); last run: {describe(last)}; exit status {status}")
         return status
 

@@ -75,9 +75,13 @@ class Stop:
     report: str
 
 
-def exit_status(returncode: int) -> int:
-    """The status a shell would show: 128 + N for a process killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
+def exit_status(result: RunResult) -> int:
+    """What the launcher exits with for this run: the code a worker reported when the
+    command failed (torchrun's own 1 would hide a worker's 75), else the command's status
+    as a shell shows it (128 + N for a process killed by signal N)."""
+    if result.returncode != 0 and result.reported_code is not None:
+        return result.reported_code
+    return 128 - result.returncode if result.returncode < 0 else result.returncode
 
 
 def describe(result: RunResult) -> str:
@@ -146,13 +150,13 @@ class RestartBudget:
             window = result.ended_at - self._stuck_failures[0]
             past = "" if self.best_step is None else f" past step {self.best_step}"
             return Stop(
-                exit_status(result.returncode),
+                exit_status(result),
                 f"{stopped}: crash loop, {len(self._stuck_failures)} failures in {window:.0f} s "
                 f"without progress{past}; {last}",
             )
         if used > allowed:
             return Stop(
-                exit_status(result.returncode),
+                exit_status(result),
                 f"{stopped}: {cause.value} budget spent "
                 f"({allowed} restart{'' if allowed == 1 else 's'} allowed); {last}",
             )
