@@ -9,7 +9,8 @@ A checkpoint exists once its manifest does: the payload is written, flushed and 
 into place first, the manifest last, so a crash at any moment leaves the complete
 checkpoint or none. `Checkpointer.restore` walks from the newest manifest back and loads
 the first whose payload matches its checksum; anything else is skipped with a warning,
-never loaded. One `Checkpointer` writes a directory (rank 0, or one directory per rank).
+never loaded. A directory has one writer (rank 0, say); any number of processes may
+restore from it, since only a save changes it.
 """
 
 from __future__ import annotations
@@ -87,7 +88,6 @@ class Checkpointer:
         self._worker: threading.Thread | None = None
         self._failure: tuple[int, BaseException] | None = None
         self._unreadable: set[int] = set()
-        self._remove_leftovers()
 
     def save(self, step: int, state: Any, *, blocking: bool | None = None) -> None:
         """Save ``state`` as checkpoint ``step``.
@@ -211,7 +211,9 @@ class Checkpointer:
 
     def _prune(self, written: int) -> None:
         """Keep the checkpoint just written and the newest others that were not found
-        unreadable; then remove payloads no kept manifest names (replaced or orphaned)."""
+        unreadable; then remove payloads no kept manifest names (replaced, or orphaned by
+        a crash) and temporary files of a writer that died mid-save. Done here, by the
+        writer after a save, so that readers never change the directory."""
         others = [s for s in reversed(self.steps()) if s != written and s not in self._unreadable]
         kept = {written, *others[: self.keep - 1]}
         for step in set(self.steps()) - kept:
@@ -226,16 +228,11 @@ class Checkpointer:
                 undecided.add(step)
         for entry in os.scandir(self.directory):
             match = _PAYLOAD_NAME.fullmatch(entry.name)
-            if match and entry.name not in named and int(match[1]) not in undecided:
+            if entry.name.startswith(TEMPORARY_PREFIX) or (
+                match and entry.name not in named and int(match[1]) not in undecided
+            ):
                 os.unlink(entry.path)
         fsync_directory(self.directory)
-
-    def _remove_leftovers(self) -> None:
-        """Temporary files of a writer that died mid-save (this directory has one writer)."""
-        for entry in os.scandir(self.directory):
-            if entry.name.startswith(TEMPORARY_PREFIX):
-                log.info("removing %s, left by an interrupted save", entry.path)
-                os.unlink(entry.path)
 
     def _manifest_path(self, step: int) -> Path:
         return self.directory / f"step-{step:012d}.json"
