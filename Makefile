@@ -35,6 +35,7 @@ test: lint typecheck unit
 bench: venv
 	$(BIN)/python bench/kernel_log_scan.py
 	$(BIN)/python bench/check_bundle.py
+	$(BIN)/python bench/simulate.py --quick
 	$(BIN)/python bench/checkpoint_cost.py
 
 clean:
