@@ -233,9 +233,21 @@ def test_the_directory_comes_from_the_environment(tmp_path, monkeypatch):
     assert Checkpointer(tmp_path / "from-env").steps() == [3]
 
 
-def test_keep_must_be_at_least_one(tmp_path):
+def test_bad_arguments_are_named(tmp_path):
     with pytest.raises(CheckpointError, match="keep=0"):
         Checkpointer(tmp_path, keep=0)
+    with pytest.raises(CheckpointError, match=r"step 1\.5: a checkpoint step is an integer"):
+        Checkpointer(tmp_path).save(1.5, state_at(1))
+    with pytest.raises(CheckpointError, match="step -1"):
+        Checkpointer(tmp_path).save(-1, state_at(1))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError, match=r"checkpoint directory .*file"):
+        Checkpointer(tmp_path / "file")
+
+
+def test_a_numpy_integer_step_is_fine(tmp_path):
+    Checkpointer(tmp_path).save(np.int64(12), state_at(12))
+    assert Checkpointer(tmp_path).restore().step == 12
 
 
 def test_a_checkpoint_needing_a_missing_library_is_an_error_not_a_skip(tmp_path, monkeypatch):

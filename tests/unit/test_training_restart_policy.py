@@ -40,6 +40,7 @@ def ended(returncode: int, at: float = 100.0, *, step: int | None = None, **extr
         (ended(1, stalled=True), Cause.INFRASTRUCTURE),
         (ended(1, reported_code=75), Cause.INFRASTRUCTURE),
         (ended(1, reported_code=3), Cause.APPLICATION),
+        (ended(0, reported_code=75), Cause.SUCCESS),  # the command itself finished
     ],
 )
 def test_classify(result, cause):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import operator
 import os
 import re
 import threading
@@ -81,7 +82,10 @@ class Checkpointer:
         if keep < 1:
             raise CheckpointError(f"keep={keep}: at least one checkpoint must be kept")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint directory {self.directory}: {exc}") from exc
         self.keep = keep
         self.asynchronous = asynchronous
         self._staging = StagingArea()
@@ -97,6 +101,10 @@ class Checkpointer:
         `save`, `wait` or `close`; the checkpoint before it stays the newest. A save
         always waits for the one in flight first. Raises `CheckpointError`.
         """
+        try:
+            step = operator.index(step)  # an int, a NumPy integer; not a float
+        except TypeError:
+            raise CheckpointError(f"step {step!r}: a checkpoint step is an integer") from None
         if step < 0:
             raise CheckpointError(f"step {step}: checkpoint steps are not negative")
         self.wait()

@@ -91,7 +91,8 @@ class Launcher:
     def run(self) -> int:
         """Run the job to its end; the launcher's exit status."""
         previous = {signum: signal.signal(signum, self._note_stop) for signum in _FORWARDED}
-        process_tree.become_subreaper()
+        if not process_tree.become_subreaper():
+            say("cannot adopt the job's orphans (no PR_SET_CHILD_SUBREAPER): they may outlive it")
         self._workdir = Path(tempfile.mkdtemp(prefix="gpuguard-run-"))
         try:
             return self._run_until_done()
@@ -256,7 +257,10 @@ def run_launcher(args: argparse.Namespace) -> int:
     if not command:
         raise ConfigError("no command to run (usage: gpuguard run [options] -- COMMAND...)")
     if args.checkpoint_dir is not None:
-        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir}: {exc}") from exc
     policy = RestartPolicy(
         infra_retries=args.infra_retries,
         app_retries=args.app_retries,

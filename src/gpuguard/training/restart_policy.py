@@ -101,10 +101,12 @@ def describe(result: RunResult) -> str:
 
 
 def classify(result: RunResult, infra_exit_codes: frozenset[int]) -> Cause:
-    if result.stalled or result.reported_code in infra_exit_codes:
+    if result.stalled:
         return Cause.INFRASTRUCTURE
     if result.returncode == 0:
         return Cause.SUCCESS
+    if result.reported_code in infra_exit_codes:
+        return Cause.INFRASTRUCTURE
     if result.returncode < 0:
         killed_by = -result.returncode
         return Cause.INFRASTRUCTURE if killed_by in _INFRASTRUCTURE_SIGNALS else Cause.APPLICATION

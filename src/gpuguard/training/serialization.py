@@ -108,9 +108,11 @@ def prepare(state: Any, staging: StagingArea | None) -> Prepared:
     without, only the containers are rebuilt (the write happens before the script goes on).
     """
     walker = _Walker(sys.modules.get("torch"), sys.modules.get("numpy"), staging)
-    prepared = walker.visit(state, ())
-    if staging is not None:
-        staging.finish()
+    try:
+        prepared = walker.visit(state, ())
+    finally:
+        if staging is not None:  # also after a failure: no copy may still be running
+            staging.finish()
     return Prepared(prepared, "torch" if walker.uses_torch else "pickle")
 
 
