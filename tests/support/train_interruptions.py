@@ -46,15 +46,17 @@ def read_runs(log: Path) -> list[Run]:
 
 
 def random_plan(seed: int, count: int, first: int, last: int) -> list[Interruption]:
-    """``count`` interruptions at random steps in [first, last), one per equal stretch so
-    that each run gets past the previous one, half by SIGKILL and half by SIGTERM, in a
-    random order."""
+    """``count`` interruptions at random steps in [first, last), one per equal stretch and
+    at least 4 steps apart, so that each run gets past the previous one (progress, for the
+    launcher); half by SIGKILL and half by SIGTERM, in a random order."""
     rng = random.Random(seed)
     width = (last - first) // count
+    assert width >= 4, "too many interruptions for the range"
     kinds = [signal.SIGKILL, signal.SIGTERM] * (count // 2) + [signal.SIGKILL] * (count % 2)
     rng.shuffle(kinds)
     return [
-        Interruption(first + i * width + rng.randrange(1, width), kinds[i]) for i in range(count)
+        Interruption(first + i * width + rng.randrange(2, width - 1), kinds[i])
+        for i in range(count)
     ]
 
 

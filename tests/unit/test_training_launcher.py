@@ -162,13 +162,13 @@ def test_sigterm_to_the_launcher_saves_stops_and_a_new_launcher_resumes(tmp_path
 
 
 def test_the_watchdog_ends_a_stalled_job_and_the_restart_finishes_it(tmp_path, reference_params):
-    options = ["--progress-timeout", "1", "--startup-timeout", "30", "--kill-grace", "0.5"]
+    options = ["--progress-timeout", "2", "--startup-timeout", "30", "--kill-grace", "0.5"]
     launcher = start(tmp_path, options, loop_command(tmp_path, "--hang-at", "30"))
     returncode, output = finish(launcher, tmp_path)
 
     assert returncode == 0, output
     assert (
-        "no progress for 1 s (at step 29): ending the job (SIGTERM, SIGKILL after 0.5 s)" in output
+        "no progress for 2 s (at step 29): ending the job (SIGTERM, SIGKILL after 0.5 s)" in output
     )
     assert (
         "run 1 ended: killed by SIGKILL, after the watchdog ended it for making no progress; "
