@@ -249,6 +249,8 @@ CREATE_PATHS = {
 }
 # Strict: a field the schema lacks is an error, not silently pruned.
 DRY_RUN = "?dryRun=All&fieldValidation=Strict"
+# Time to finish a step and write a large model's checkpoint to shared storage.
+LEAST_GRACE_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +291,7 @@ def test_examples_leave_sick_nodes_alone_and_give_time_to_checkpoint(manifest):
         spec: dict[str, Any] = template["spec"]
         for toleration in spec.get("tolerations", []):
             assert toleration.get("key") not in (TAINT_KEY, None, "")
-        assert spec["terminationGracePeriodSeconds"] >= 120
+        assert spec["terminationGracePeriodSeconds"] >= LEAST_GRACE_S
 
 
 @pytest.mark.parametrize("manifest", sorted(CREATE_PATHS))
