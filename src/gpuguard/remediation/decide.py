@@ -13,7 +13,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from gpuguard.remediation.breaker import next_breaker
+from gpuguard.remediation.correlation import shared_causes
 from gpuguard.remediation.health import is_healthy, is_unhealthy
+from gpuguard.remediation.history import History
 from gpuguard.remediation.lifecycle import PlanBuilder
 from gpuguard.remediation.model import BreakerState, Episode, NodeObservation, Phase, Plan
 from gpuguard.remediation.policy import Policy
@@ -32,14 +34,16 @@ def decide(
 ) -> Plan:
     """Decide what to do now.
 
-    ``episodes``: the open episodes by node; ``history``: closed ones (lemons, breaker).
+    ``episodes``: the open episodes by node; ``history``: closed ones (lemons, breaker),
+    a plain sequence or, faster for a caller that keeps it across calls, a ``History``.
     The plan's episodes are every open or just-closed episode, by node.
 
     ``population`` (nodes per pool) lets a caller pass only the nodes that can need a
     decision (not healthy, or carrying our taint or cordon, or with an episode) and still
     size budgets and the breaker by the whole fleet; by default ``nodes`` is the fleet.
     """
-    run = PlanBuilder(nodes, episodes, history, breaker, policy, now, population)
+    shared = shared_causes(nodes, policy.correlation)
+    run = PlanBuilder(nodes, episodes, history, breaker, policy, now, population, shared)
     work = {n: _copy(e) for n, e in sorted(episodes.items()) if e.phase is not Phase.CLOSED}
     opened_now: set[str] = set()
     # 1. Quarantine every newly unhealthy node: taints are never limited or paused.
@@ -54,7 +58,7 @@ def decide(
             run.clear_leftovers(node)
 
     # 2. The breaker counts the episodes just opened: a storm is stopped in its first call.
-    opened = [e.opened_at for e in work.values()] + [e.opened_at for e in history]
+    opened = [e.opened_at for e in work.values()] + _opened_in_window(history, policy, now)
     run.breaker, breaker_notes = next_breaker(
         breaker,
         opened,
@@ -70,6 +74,14 @@ def decide(
 
     decisions = [d for name in sorted(run.decisions) for d in run.decisions[name]]
     return Plan(decisions, dict(sorted(work.items())), run.breaker, run.notes)
+
+
+def _opened_in_window(history: Sequence[Episode], policy: Policy, now: float) -> list[float]:
+    """The history's opening times the breaker may count (it filters them exactly)."""
+    if isinstance(history, History):
+        # A second of slack: the breaker's own test decides at the window's edge.
+        return history.opened_from(now - policy.breaker.window_s - 1.0)
+    return [e.opened_at for e in history]
 
 
 def _copy(episode: Episode) -> Episode:

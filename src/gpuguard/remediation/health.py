@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuguard.model import Action
+from gpuguard.remediation.history import History
 from gpuguard.remediation.model import Episode, LayerReport, NodeObservation
 from gpuguard.remediation.policy import Policy
 
@@ -75,9 +76,10 @@ def tolerance_passed(node: NodeObservation, episode: Episode, policy: Policy, no
 
 def recent_episodes(node: str, history: Sequence[Episode], policy: Policy, now: float) -> int:
     """Closed episodes of ``node`` within ``lemon_window_s`` (the lemon count, less this one)."""
+    episodes = history.of(node) if isinstance(history, History) else history
     return sum(
         1
-        for episode in history
+        for episode in episodes
         if episode.node == node
         and episode.closed_at is not None
         and now - episode.closed_at <= policy.lemon_window_s

@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 
 from gpuguard.model import Action
 from gpuguard.remediation.budget import BudgetLedger
+from gpuguard.remediation.correlation import SharedCauses, own_faults
 from gpuguard.remediation.health import (
     describe,
+    false_layers,
     is_healthy,
     is_unhealthy,
     named_gpus,
@@ -53,8 +55,10 @@ class PlanBuilder:
         policy: Policy,
         now: float,
         population: Mapping[str, int] | None = None,
+        shared: SharedCauses | None = None,
     ) -> None:
         self.history = history
+        self.shared = shared or {}  # the layers of each node whose fault has a shared cause
         self.breaker = breaker  # replaced by this call's breaker before any episode advances
         self.policy = policy
         self.now = now
@@ -270,7 +274,20 @@ class PlanBuilder:
     # -- climbing the ladder -----------------------------------------------------------
 
     def try_start(self, episode: Episode, node: NodeObservation, why: str) -> None:
-        """Start the next rung, or wait in QUARANTINED saying why (a step when it changes)."""
+        """Start the next rung, or wait in QUARANTINED saying why (a step when it changes).
+
+        The rung is chosen by the node's own faults: a fault shared with its domain is
+        held (no rung, no budget), another layer's fault on the same node is not.
+        """
+        shared = self.shared.get(node.name, {})
+        node = own_faults(node, shared)
+        if shared and not false_layers(node):
+            held = "; ".join(shared[layer] for layer in sorted(shared))
+            self.note(node.name, f"held: {held}")
+            message = f"{why}; held until the domain recovers or a person acts: {held}"
+            repeated = bool(episode.steps) and episode.steps[-1].message == message
+            self.settle(episode, message, changed=not repeated)
+            return
         choice = choose_rung(episode, node, self.history, self.policy, self.now)
         if choice.rung is None:
             self.note(node.name, choice.why)

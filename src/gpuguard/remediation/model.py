@@ -82,6 +82,7 @@ class NodeObservation:
     exists: bool = True
     verify_requested_at: float | None = None  # the verify request on the Node, if any
     verify: VerifyAnswer | None = None  # the agent's latest verify answer
+    domain: str = ""  # value of the correlation's domain label (a rack; "": never grouped)
 
 
 @dataclass(frozen=True)

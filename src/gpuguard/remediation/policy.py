@@ -113,6 +113,34 @@ class Verify(_Strict):
         return self.enabled and rung is not None and rung.name in self.rungs
 
 
+class Correlation(_Strict):
+    """Faults with a shared cause: several nodes of one topology domain (a rack, a leaf
+    switch) turning bad in the same layer at about the same time are one incident.
+
+    Rebooting or replacing the nodes cannot fix a dead switch, so such nodes are held:
+    quarantined (NoSchedule), no disruptive rung, no budget slot, until the domain recovers
+    or a person acts. A fault of another layer on the same node is still handled.
+    Nodes without the label are never grouped.
+    """
+
+    enabled: bool = Field(default=True, description="Hold shared-cause faults")
+    domain_label: str = Field(
+        default="topology.k8s.aws/network-node-layer-3",
+        description="Node label naming the topology domain (EKS: the network node nearest"
+        " the instance; GKE: cloud.google.com/gce-topology-subblock; or your own rack label)",
+    )
+    min_nodes: int = Field(
+        default=3, ge=2, description="This many nodes of one domain make a shared cause"
+    )
+    window_s: Seconds = Field(
+        default=600, description="Their layer turned False within this long of each other"
+    )
+    layers: list[Literal["gpu", "network", "kernel"]] = Field(
+        default_factory=lambda: ["network"],  # type: ignore[arg-type]
+        description="The layers whose faults can have a shared cause in the domain",
+    )
+
+
 class Policy(_Strict):
     """Everything ``decide`` is told besides the fleet's state and the time."""
 
@@ -160,6 +188,7 @@ class Policy(_Strict):
     budget: Budget = Budget()
     breaker: Breaker = Breaker()
     verify: Verify = Verify()
+    correlation: Correlation = Correlation()
 
     @field_validator("tolerances", mode="after")
     @classmethod
@@ -204,7 +233,12 @@ def load_policy(path: Path) -> Policy:
     return build_policy(read_yaml_mapping(Path(path), "remediation policy"), origin=str(path))
 
 
-_SECTIONS: dict[str, type[BaseModel]] = {"budget": Budget, "breaker": Breaker, "verify": Verify}
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "budget": Budget,
+    "breaker": Breaker,
+    "verify": Verify,
+    "correlation": Correlation,
+}
 
 
 def _model_at(loc: list[str]) -> type[BaseModel]:
