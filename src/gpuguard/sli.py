@@ -1,8 +1,9 @@
 """The service-level indicators, defined once for the simulator and the controller.
 
 - GPU-node availability: the time-weighted share of GPU nodes in service (present, Ready,
-  schedulable, no fault). Over *slots* the denominator is the fleet's size; over
-  *physical nodes* it is the machines in the fleet, those away for repair included.
+  schedulable, no fault: :func:`in_service`). Over *slots* the denominator is the fleet's
+  size; over *physical nodes* it is the machines in the fleet, those away for repair
+  included.
 - Job success rate: jobs that succeeded (after any automatic restarts) over jobs that
   ended, succeeded or failed; jobs still running are not counted.
 """
@@ -21,12 +22,16 @@ class TimeShare:
     total: int = 0
     up_seconds: float = 0.0
     total_seconds: float = 0.0
+    # Kept on its own rather than as total - up: a Prometheus counter must never go back,
+    # which a difference of two growing floats can by a rounding error.
+    down_seconds: float = 0.0
 
     def advance(self, now: float) -> None:
         elapsed = now - self.since
         if elapsed > 0:
             self.up_seconds += self.up * elapsed
             self.total_seconds += self.total * elapsed
+            self.down_seconds += (self.total - self.up) * elapsed
             self.since = now
 
     def set(self, now: float, *, up: int, total: int) -> None:
@@ -36,6 +41,12 @@ class TimeShare:
     @property
     def share(self) -> float:
         return ratio(self.up_seconds, self.total_seconds)
+
+
+def in_service(*, ready: bool, cordoned: bool, quarantined: bool, faulty: bool) -> bool:
+    """Whether a present GPU node counts as up: Ready, not cordoned, not under a quarantine
+    taint (nor in repair, which keeps the taint), and no fault that makes it unusable."""
+    return ready and not cordoned and not quarantined and not faulty
 
 
 def ratio(part: float, whole: float) -> float:

@@ -36,6 +36,7 @@ from gpuguard.controller.options import PROVIDER_NAMES
 from gpuguard.controller.providers import NODECLAIMS, DeleteNodeProvider, KarpenterProvider
 from gpuguard.errors import ConfigError
 from gpuguard.kube import drain, fleet
+from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector
 from gpuguard.kube.remediations import (
     NODE_REMEDIATIONS,
@@ -144,6 +145,8 @@ def test_rendered_deployment_runs_the_controller(helm, values):
         provider,
         "--metrics-port",
         "9466",
+        "--gpu-node-selector",  # the agent's nodeSelector: the nodes counted as GPU nodes
+        "nvidia.com/gpu.present=true",
     ]
     if "controller.dryRun=true" in values:
         expected.append("--dry-run")
@@ -327,6 +330,7 @@ def test_controller_cluster_role_follows_provider_and_dry_run(helm, values):
         | ({"patch"} if acting else set())
         | ({"delete"} if acting and delete_node else set()),
         "/pods": {"get", "list"} | ({"delete"} if acting else set()),
+        "batch/jobs": {"list", "watch"},
         **NODEREMEDIATION_RIGHTS,
     }
     if acting:
@@ -598,6 +602,16 @@ def test_controller_watches_taints_and_cordons_nodes(controller, admin_api, node
     assert not fleet.is_tainted(back) and not fleet.is_unschedulable(back)
     # The other taints (the fixture's, and the API server's not-ready) are left as they were.
     assert fleet.taints_of(back) == fleet.taints_of(node)
+
+
+def test_controller_lists_and_watches_jobs_everywhere_and_writes_none(controller, controller_call):
+    """The job-success metric's watch (controller/slis.py); a refusal raises KubeRefused."""
+    listing = controller.list(JOBS.path(), project=slim_job)  # all namespaces
+    for _ in controller.watch(JOBS.path(), resource_version=listing.resource_version, timeout_s=1):
+        pass  # the server ends the watch after a second
+    assert can(controller_call, "watch", "jobs", "batch")
+    for verb in ("create", "update", "patch", "delete"):
+        assert not can(controller_call, verb, "jobs", "batch"), verb
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """``gpuguard controller``: watch the fleet, run the policy, apply its plan; leader only.
 
 The Node watch keeps a slim projection of every Node; a reconcile runs on every change
-(and at least every ``resync_s``) while this replica holds the Lease. Episodes are read
+(and at least every ``resync_s``) while this replica holds the Lease. The Node cache and a
+Job watch also feed the service-level metrics (controller/slis.py). Episodes are read
 from their NodeRemediation objects when leadership starts (so a new leader continues where
 the last one stopped) and kept in memory after that; any failed write drops that memory so
 the next reconcile reads the cluster again.
@@ -22,9 +23,11 @@ from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.observe import project_node
 from gpuguard.controller.providers import Provider
+from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
 from gpuguard.kube import drain
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.fleet import slim_node
+from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
 from gpuguard.kube.remediations import list_episodes, read_result
 from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
@@ -65,6 +68,7 @@ class Controller:
         identity: str,
         dry_run: bool = False,
         metrics: ControllerMetrics | None = None,
+        gpu_nodes: Selector = DEFAULT_GPU_NODES,
         clock: Callable[[], float] = time.time,
         resync_s: float = 1.0,
         lease_s: float = 15.0,
@@ -74,6 +78,8 @@ class Controller:
         self.policy = policy
         self.identity = identity
         self.metrics = metrics or ControllerMetrics()
+        self.slis = ServiceLevels(gpu_nodes)
+        self.metrics.registry.register(self.slis)
         self.clock = clock
         self.resync_s = resync_s
         self.elector = LeaderElector(
@@ -96,9 +102,16 @@ class Controller:
 
     # --- running ------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        threading.Thread(
-            target=self._watch_nodes, args=(stop,), name="watch-nodes", daemon=True
-        ).start()
+        for what, path, project, take in (
+            ("nodes", NODES.path(), slim_node, self._take),
+            ("jobs", JOBS.path(), slim_job, self._take_jobs),
+        ):
+            threading.Thread(
+                target=self._follow,
+                args=(stop, path, project, take),
+                name=f"watch-{what}",
+                daemon=True,
+            ).start()
         start_leader_election(
             self.elector, stop, on_started_leading=self._lead, on_stopped_leading=self._step_down
         )
@@ -124,24 +137,32 @@ class Controller:
         log.info("%s leads", self.identity)
         self._episodes = None  # read the episodes the previous leader wrote
         self.metrics.leader.set(1)
+        self.slis.leading = True
         self.leading.set()
         self._wake.set()
 
     def _step_down(self) -> None:
         log.info("%s no longer leads", self.identity)
         self.leading.clear()
+        self.slis.leading = False
         self.metrics.leader.set(0)
 
-    def _watch_nodes(self, stop: threading.Event) -> None:
+    def _follow(
+        self,
+        stop: threading.Event,
+        path: str,
+        project: Callable[[Json], Json],
+        take: Callable[[Snapshot | WatchEvent], str],
+    ) -> None:
         version = ""
         while not stop.is_set():
             try:
                 for item in list_then_watch(
-                    self.api, NODES.path(), project=slim_node, resource_version=version, stop=stop
+                    self.api, path, project=project, resource_version=version, stop=stop
                 ):
-                    version = self._take(item) or version
+                    version = take(item) or version
             except KubeError as exc:
-                log.warning("node watch broken, resuming: %s", exc)
+                log.warning("watch of %s broken, resuming: %s", path, exc)
                 stop.wait(RETRY_S)
 
     def _take(self, item: Snapshot | WatchEvent) -> str:
@@ -153,22 +174,34 @@ class Controller:
                 self._attention, self._population = set(), Counter()
                 for node in item.items:
                     self._put(node)
+                self.slis.nodes_listed(item.items)
             else:
                 name = item.object["metadata"]["name"]
                 if item.type == "DELETED":
                     self._drop(name)
+                    self.slis.node_gone(name)
                 else:
                     self._put(item.object)
+                    self.slis.node_seen(item.object)
             version = item.resource_version
         self._synced.set()
         self.metrics.ready.set()
         self._wake.set()
         return version
 
+    def _take_jobs(self, item: Snapshot | WatchEvent) -> str:
+        if isinstance(item, Snapshot):
+            self.slis.jobs_listed(item.items)
+        elif item.type == "DELETED":
+            self.slis.job_gone(item.object)
+        else:
+            self.slis.job_seen(item.object)
+        return item.resource_version
+
     def _put(self, node: Json) -> None:
         name = node["metadata"]["name"]
         self._drop(name)
-        observed = project_node(node, self.policy.pool_label)
+        observed = project_node(node, self.policy.pool_label, self.policy.correlation.domain_label)
         self._nodes[name], self._observed[name] = node, observed
         self._population[observed.pool] += 1
         if _needs_attention(observed):

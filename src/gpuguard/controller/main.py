@@ -39,6 +39,7 @@ def run_controller(args: argparse.Namespace) -> int:
         identity=args.identity,
         dry_run=args.dry_run,
         metrics=metrics,
+        gpu_nodes=args.gpu_node_selector,
     )
     log.info(
         "gpuguard controller %s starting%s (provider %s)",

@@ -44,3 +44,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=9466, metavar="PORT", help="0 disables /metrics"
     )
+    parser.add_argument(
+        "--gpu-node-selector",
+        type=_selector,
+        default="nvidia.com/gpu.present=true",
+        metavar="SELECTOR",
+        help="label selector (key=value or key terms, comma separated) of the nodes counted in "
+        "GPU-node availability; the chart passes the agent's nodeSelector",
+    )
+
+
+def _selector(text: str) -> object:
+    from gpuguard.controller.slis import parse_selector  # here: --help stays cheap
+
+    try:
+        return parse_selector(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -102,3 +102,15 @@ crds/noderemediations.yaml except result, the agent's (the chart test checks the
 {{- define "gpuguard.remediationControllerStatusFields" -}}
 [phase, rung, attempt, attempts, phaseSince, lastActionAt, gpus, cordonedByUs, exhausted, closedAt, resolution, lastMessage, steps, request]
 {{- end }}
+
+{{/*
+The agent's nodeSelector as a label selector ("k=v,k2=v2", keys sorted): the nodes the
+controller counts in GPU-node availability are the nodes the agent runs on.
+*/}}
+{{- define "gpuguard.gpuNodeSelector" -}}
+{{- $terms := list }}
+{{- range $key, $value := .Values.nodeSelector }}
+{{- $terms = append $terms (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," $terms }}
+{{- end }}

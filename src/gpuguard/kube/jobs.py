@@ -1,0 +1,44 @@
+"""batch/v1 Jobs as the controller holds them: who they are, whether they use GPUs, and
+how they ended; never the pod template or the status counts."""
+
+from __future__ import annotations
+
+from gpuguard.kube.rest import Json, Resource
+
+JOBS = Resource("/apis/batch/v1", "jobs", namespaced=True)
+GPU_RESOURCE = "nvidia.com/gpu"
+# The Job controller's terminal conditions (SuccessCriteriaMet and FailureTarget come
+# first and may still be followed by pods terminating; these two are the end).
+OUTCOME_OF_CONDITION = {"Complete": "succeeded", "Failed": "failed"}
+
+
+def slim_job(job: Json) -> Json:
+    """``uid``, ``namespace``, ``name``, ``gpu`` (some container asks for a GPU) and
+    ``outcome`` ("succeeded", "failed", or "" while running)."""
+    metadata = job.get("metadata") or {}
+    return {
+        "uid": str(metadata.get("uid", "")),
+        "namespace": str(metadata.get("namespace", "")),
+        "name": str(metadata.get("name", "")),
+        "gpu": _requests_gpu(job),
+        "outcome": job_outcome(job),
+    }
+
+
+def job_outcome(job: Json) -> str:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        outcome = OUTCOME_OF_CONDITION.get(str(condition.get("type")))
+        if outcome is not None and condition.get("status") == "True":
+            return outcome
+    return ""
+
+
+def _requests_gpu(job: Json) -> bool:
+    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+    for container in containers:
+        resources = container.get("resources") or {}
+        for amounts in (resources.get("limits") or {}, resources.get("requests") or {}):
+            if str(amounts.get(GPU_RESOURCE, "0")) not in ("0", ""):
+                return True
+    return False
