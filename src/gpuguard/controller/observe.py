@@ -30,7 +30,11 @@ from gpuguard.remediation.model import (
 LAYER_OF_TYPE = {kind: str(layer) for names in PROFILES.values() for layer, kind in names.items()}
 
 
-def project_node(node: Mapping[str, Any], pool_label: str) -> NodeObservation:
+def project_node(
+    node: Mapping[str, Any], pool_label: str, domain_label: str = ""
+) -> NodeObservation:
+    """``domain_label``: the label naming the node's topology domain (a rack, a leaf
+    switch) for the policy's shared-cause rule; unset or absent: the node is in none."""
     metadata = node.get("metadata", {})
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
@@ -69,6 +73,7 @@ def project_node(node: Mapping[str, Any], pool_label: str) -> NodeObservation:
         cordoned_by_us=CORDONED_BY_US_ANNOTATION in annotations,
         verify_requested_at=_exact_time(annotations.get(VERIFY_REQUEST_ANNOTATION)),
         verify=_verify_answer(report.get("verify")),
+        domain=str(labels.get(domain_label, "")) if domain_label else "",
     )
 
 

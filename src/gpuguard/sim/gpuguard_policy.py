@@ -181,6 +181,7 @@ class GpuguardPolicy:
                 unschedulable=slot.cordoned,
                 cordoned_by_us=index in self.ours,
                 pods_to_move=moving,
+                domain=f"rack-{index // self.engine.scenario.fleet.nodes_per_rack}",
             )
         return observations
 
