@@ -92,6 +92,9 @@ def set_health(
     codes: tuple[str, ...] = (),
     gpus: tuple[str, ...] = (),
     since_offset_s: float = 0.0,
+    network: str = "True",
+    network_action: str = "NONE",
+    network_codes: tuple[str, ...] = (),
 ) -> None:
     """Write what an agent would: the three conditions and the report annotation."""
     when = stamp(since_offset_s)
@@ -106,7 +109,7 @@ def set_health(
         }
         for kind, status in (
             ("GpuguardGPUHealthy", gpu),
-            ("GpuguardNetworkHealthy", "True"),
+            ("GpuguardNetworkHealthy", network),
             ("GpuguardKernelHealthy", "True"),
         )
     ]
@@ -118,7 +121,12 @@ def set_health(
             "codes": list(codes),
             "gpus": list(gpus),
         },
-        "network": {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []},
+        "network": {
+            "status": "Healthy" if network == "True" else "Unhealthy",
+            "action": network_action,
+            "codes": list(network_codes),
+            "gpus": [],
+        },
         "kernel": {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []},
     }
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
