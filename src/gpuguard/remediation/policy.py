@@ -127,7 +127,7 @@ class Correlation(_Strict):
     domain_label: str = Field(
         default="topology.k8s.aws/network-node-layer-3",
         description="Node label naming the topology domain (EKS: the network node nearest"
-        " the instance; GKE: cloud.google.com/gce-topology-subblock; or your own rack label)",
+        " the instance; NVIDIA Topograph: network.topology.nvidia.com/leaf; or a rack label)",
     )
     min_nodes: int = Field(
         default=3, ge=2, description="This many nodes of one domain make a shared cause"
