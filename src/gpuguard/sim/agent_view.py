@@ -11,23 +11,32 @@ classified once per run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuguard.agent.conditions import PROFILES, desired_conditions
 from gpuguard.agent.daemon import report_layers
+from gpuguard.agent.deep import DeepRun
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
 from gpuguard.checks.kernel_log import classify_log, parse_line, scan
+from gpuguard.checks.load.backend import DeviceInfo
+from gpuguard.checks.load.figures import expected_for, load_table
+from gpuguard.checks.load.judge import SOURCE as DEEP_CHECK
+from gpuguard.checks.load.judge import judge
+from gpuguard.checks.load.measure import DeviceMeasurement, NodeMeasurement
 from gpuguard.checks.network import PortRecord, evaluate_ports
 from gpuguard.checks.xid_catalog import rule_for
+from gpuguard.config import DeepChecks
 from gpuguard.controller.observe import project_node
-from gpuguard.model import CheckResult, Layer, Outcome
+from gpuguard.model import CheckResult, Layer, Outcome, Severity
 from gpuguard.remediation.model import REPORT_ANNOTATION, LayerReport
 from gpuguard.runner import assess, inconclusive_result
 from gpuguard.sim.faults import GPU_BUS, Signal, gpu_bus_id
 
 GPUS = 8
+GPU_MODEL = "NVIDIA H100 80GB HBM3"
 LINK_GBPS = 400.0
 PROFILE = "gpuguard"
 POOL_LABEL = "karpenter.sh/nodepool"
@@ -94,12 +103,23 @@ PORT_SIGNALS = frozenset({Signal.PORT_DOWN, Signal.RATE_DROP})
 CHECKED_SIGNALS = FACT_SIGNALS | PORT_SIGNALS | {Signal.CHECK_TIMEOUT}
 
 
+@dataclass(frozen=True, order=True)
+class DeepFinding:
+    """What one run of the deep suite measured on one GPU: its products wrong
+    (``corrupt``), or its speed a share (``pace``) of a healthy GPU's (``slow``)."""
+
+    kind: str  # "corrupt" or "slow"
+    gpu: int
+    pace: float = 1.0
+
+
 @dataclass(frozen=True)
 class NodeSignals:
     """Everything the agent would read on a node right now (hashable: the cache key)."""
 
     kernel: tuple[str, ...] = ()
     checked: tuple[tuple[Signal, int], ...] = ()  # (signal, GPU or NIC index), sorted
+    deep: tuple[DeepFinding, ...] = ()  # the last deep run's measurement, sorted
 
 
 @dataclass(frozen=True)
@@ -118,6 +138,7 @@ class AgentView:
 
     def __init__(self) -> None:
         self._cache: dict[NodeSignals, Verdict] = {}
+        self._deep: dict[tuple[DeepFinding, ...], DeepRun] = {}
 
     def verdict(self, signals: NodeSignals) -> Verdict:
         cached = self._cache.get(signals)
@@ -125,13 +146,31 @@ class AgentView:
             cached = self._cache[signals] = _classify(signals)
         return cached
 
+    def deep_run(self, measured: tuple[DeepFinding, ...]) -> DeepRun:
+        """The deep suite's verdict on a measurement, judged by the real rules."""
+        cached = self._deep.get(measured)
+        if cached is None:
+            cached = self._deep[measured] = DeepRun("verify", _deep_result(measured), 0.0)
+        return cached
+
+    def deep_flagged(self, measured: tuple[DeepFinding, ...]) -> frozenset[int]:
+        """The GPUs the judge names in a finding above INFO."""
+        findings = self.deep_run(measured).result.findings
+        return frozenset(
+            _GPU_INDEX[f.component.id]
+            for f in findings
+            if f.severity > Severity.INFO and f.component.id in _GPU_INDEX
+        )
+
     def kernel_events(self, lines: Iterable[str]) -> int:
         """How many kernel events a node-problem-detector-style rule would match."""
         return len(scan("\n".join(lines)))
 
 
 def _classify(signals: NodeSignals) -> Verdict:
+    deep = [_deep_result(signals.deep)] if signals.deep else []
     results = [
+        *deep,
         CheckResult(
             "kernel-log", Layer.KERNEL, Outcome.OK, classify_log("\n".join(signals.kernel))
         ),
@@ -193,6 +232,38 @@ def _gpu_result(checked: tuple[tuple[Signal, int], ...]) -> CheckResult:
                 gpu, clock_event_reasons=frozenset({"hw_power_brake_slowdown"})
             )
     return CheckResult("nvml", Layer.GPU, Outcome.OK, evaluate_gpus(facts, GPUS, "nvml"))
+
+
+_GPU_INDEX = {gpu_bus_id(index): index for index in range(GPUS)}
+_AGENT_DEEP = DeepChecks()  # the agent's defaults: dtypes, thresholds
+_table = functools.cache(load_table)
+
+
+def _deep_result(measured: tuple[DeepFinding, ...]) -> CheckResult:
+    """What ``deep-gpu`` reports for a measurement: healthy H100s at the share of their
+    peaks the figure table expects, except where a finding says otherwise."""
+    figures = expected_for(GPU_MODEL, _table(), _AGENT_DEEP)
+    assert figures is not None and figures.memory_gb_s is not None
+    devices = []
+    for index in range(GPUS):
+        pace = min((f.pace for f in measured if f.gpu == index and f.kind == "slow"), default=1.0)
+        corrupt = any(f.gpu == index and f.kind == "corrupt" for f in measured)
+        matmul = figures.healthy_share("matmul") * pace
+        devices.append(
+            DeviceMeasurement(
+                device=DeviceInfo(index, GPU_MODEL, gpu_bus_id(index), _healthy_gpu(index).uuid),
+                tflops={d: (figures.peak_tflops(d) or 0.0) * matmul for d in _AGENT_DEEP.dtypes},
+                matmuls={d: 100 for d in _AGENT_DEEP.dtypes},
+                digests={d: "wrong" if corrupt else "right" for d in _AGENT_DEEP.dtypes},
+                reference_error=0.05 if corrupt else 1e-7,
+                reference_index=(3, 5) if corrupt else None,
+                memory_gb_s=figures.memory_gb_s * figures.healthy_share("memory") * pace,
+            )
+        )
+    node = NodeMeasurement(
+        "simulated", devices, _AGENT_DEEP.matmul_size, all_reduce_note="not simulated"
+    )
+    return CheckResult(DEEP_CHECK, Layer.GPU, Outcome.OK, judge(node, _table(), _AGENT_DEEP))
 
 
 def _healthy_gpu(index: int) -> GpuFacts:

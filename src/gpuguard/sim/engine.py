@@ -20,11 +20,12 @@ import numpy as np
 from gpuguard.sim.agent_view import (
     CHECKED_SIGNALS,
     AgentView,
+    DeepFinding,
     NodeSignals,
     is_application_line,
     kernel_line,
 )
-from gpuguard.sim.faults import ATTRIBUTED, DAY, HOUR, Effect, Fault, Fix
+from gpuguard.sim.faults import ATTRIBUTED, DAY, HIDDEN_CLASSES, HOUR, Effect, Fault, Fix
 from gpuguard.sim.jobs import Job, JobState, effective_speed
 from gpuguard.sim.scenario import Scenario
 from gpuguard.sli import TimeShare
@@ -59,6 +60,8 @@ class Slot:
     checked: dict[int, tuple[Any, int]] = field(default_factory=dict)
     job: Job | None = None
     down: str = ""  # "reset", "reboot", "manual": an action holds the node
+    testing: bool = False  # the deep suite is loading every GPU
+    deep: tuple[DeepFinding, ...] = ()  # what the last deep run found (in the GPU layer)
     notready: bool = False
     tainted: bool = False
     cordoned: bool = False
@@ -90,6 +93,15 @@ class FaultTimes:
 
 
 @dataclass
+class HiddenTimes:
+    """A fault no periodic check reads (SDC, fail-slow): who found it, when it left."""
+
+    by_checks: float | None = None  # a deep run named it
+    by_job: float | None = None  # a job's owners traced bad results to it
+    removed: float | None = None  # repaired or replaced away (not ended by itself)
+
+
+@dataclass
 class Stats:
     actions: Counter[str] = field(default_factory=Counter)
     false_drains: int = 0
@@ -97,6 +109,8 @@ class Stats:
     dropped_faults: int = 0
     decide_calls: int = 0
     fault_times: dict[int, FaultTimes] = field(default_factory=dict)
+    hidden: dict[int, HiddenTimes] = field(default_factory=dict)
+    deep_runs: Counter[str] = field(default_factory=Counter)  # by trigger
     availability_bins: list[float] = field(default_factory=list)  # in-service slot-seconds
 
 
@@ -141,7 +155,8 @@ class Engine:
         self.stats.availability_bins = [0.0] * (int(self.horizon // BIN_S) + 1)
         self._bin_since = 0.0
         self._scheduling = False
-        self._armed_sdc: set[int] = set()
+        self._armed_sdc: set[tuple[int, int]] = set()  # (fault, job)
+        self.on_idle: Callable[[Slot], None] | None = None  # a slot just became free
         self.speed_factor = effective_speed(scenario.jobs)
         for slot in self.slots:
             self._update(slot)
@@ -204,15 +219,18 @@ class Engine:
             and not slot.notready
             and not slot.tainted
             and not slot.cordoned
+            and not slot.testing
         )
         in_service = schedulable and not any(f.disables for f in slot.faults.values())
+        newly_free = False
         if schedulable and slot.job is None:
             if slot.index not in self.free:
                 self.free.add(slot.index)
                 self._want_scheduling()
+                newly_free = True
         else:
             self.free.discard(slot.index)
-        if not schedulable:
+        if not schedulable and not slot.testing:
             for fault_id in slot.incidents:
                 times = self.stats.fault_times[fault_id]
                 if times.quarantined is None:
@@ -226,6 +244,8 @@ class Engine:
                     self.stats.fault_times[fault_id].repaired = now
                 slot.incidents.clear()
         slot.schedulable, slot.in_service = schedulable, in_service
+        if newly_free and self.on_idle is not None:
+            self.on_idle(slot)
 
     # -- faults -----------------------------------------------------------------------
 
@@ -241,6 +261,8 @@ class Engine:
         if fault.disables:
             slot.incidents.append(fault.id)
             self.stats.fault_times[fault.id] = FaultTimes()
+        if fault.cls in HIDDEN_CLASSES:
+            self.stats.hidden[fault.id] = HiddenTimes()
         if fault.effect is Effect.DOWN:
             slot.notready = True
             self.request_human(slot)  # a machine that stopped answering gets a ticket
@@ -305,6 +327,7 @@ class Engine:
         return NodeSignals(
             tuple(sorted({line for _, line, _, _ in slot.kernel})),
             tuple(sorted(slot.checked.values())),
+            slot.deep,
         )
 
     def set_flags(
@@ -320,9 +343,27 @@ class Engine:
         """Something is wrong with the machine itself: not a job's own fault, not a switch
         or a link that ends by itself while the machine is fine."""
         return any(
-            f.disables and (Fix.RESET <= f.fix <= Fix.REPLACE or f.effect is Effect.DOWN)
+            (f.disables or f.effect is Effect.SLOW)
+            and (Fix.RESET <= f.fix <= Fix.REPLACE or f.effect is Effect.DOWN)
             for f in slot.faults.values()
         )
+
+    def hold_for_test(self, slot: Slot, testing: bool) -> None:
+        """The deep suite starts or ends on the node: it takes no work meanwhile."""
+        slot.testing = testing
+        self._update(slot)
+
+    def found_by_checks(self, faults: list[Fault]) -> None:
+        for fault in faults:
+            times = self.stats.hidden.get(fault.id)
+            if times is not None and times.by_checks is None:
+                times.by_checks = self.now
+
+    def _mark_removed(self, faults: list[Fault]) -> None:
+        for fault in faults:
+            times = self.stats.hidden.get(fault.id)
+            if times is not None and times.removed is None:
+                times.removed = self.now
 
     def detected(self, slot: Slot) -> None:
         for fault in slot.faults.values():
@@ -364,6 +405,8 @@ class Engine:
                 slot.kernel.clear()
             else:
                 slot.kernel = [k for k in slot.kernel if slot.faults.get(k[0]) not in cleared]
+            slot.deep = ()  # the agent forgets a deep verdict on the GPUs as they were
+            self._mark_removed(cleared)
             self._remove(slot, cleared)
         # What is still wrong shows again once the node is back and its checks run.
         delay = self.scenario.detection.check_interval_s
@@ -383,7 +426,10 @@ class Engine:
         self.stats.actions["manual_replace" if manual else "replace"] += 1
         self.interrupt_job(slot, cause="platform")
         self._account(self.now)
+        self._mark_removed(list(slot.faults.values()))
         slot.machine = None
+        slot.testing = False
+        slot.deep = ()
         slot.faults.clear()
         slot.kernel.clear()
         slot.checked.clear()
@@ -572,18 +618,39 @@ class Engine:
             self._arm_sdc(fault, job)
 
     def _arm_sdc(self, fault: Fault, job: Job) -> None:
-        if fault.id in self._armed_sdc:
+        """The job computes on a corrupting GPU; its owners find out some time later."""
+        if (fault.id, job.id) in self._armed_sdc:
             return
-        self._armed_sdc.add(fault.id)
+        self._armed_sdc.add((fault.id, job.id))
         found = self.now + self.scenario.detection.sdc_detection_h * HOUR
-        self.at(found, self._sdc_found, fault, job, job.version, self.now)
+        self.at(found, self._sdc_found, fault, job, self.now, job.progress_at(self.now))
 
-    def _sdc_found(self, fault: Fault, job: Job, version: int, corrupted_at: float) -> None:
+    def _sdc_found(self, fault: Fault, job: Job, corrupted_at: float, good_h: float) -> None:
+        """Bad results traced to the node: the work since the corruption is lost wherever
+        the job is now (its checkpoints carry it), and the job fails if the scenario says
+        so. A job that already ended loses that work too."""
+        # The job's owners now keep it off that GPU: it is not corrupted there again.
+        times = self.stats.hidden.get(fault.id)
+        if times is not None and times.by_job is None:
+            times.by_job = self.now
         slot = self.slots[fault.slot]
         if self._current(slot, fault):
             self.request_human(slot)  # the job's owners trace the bad results to the node
-        if job.state is JobState.RUNNING and job.version >= version and fault.slot in job.slots:
+        if job.state is JobState.FAILED:
+            return
+        if job.state in (JobState.RUNNING, JobState.RESTARTING):
             self.interrupt(job, cause="fault", fault=fault, rollback_to=corrupted_at)
+        if job.saved_h > good_h:
+            job.lost_h += job.saved_h - good_h
+            job.saved_h = good_h
+        if not self.scenario.failures.sdc_fails_job or job.failure:  # failed meanwhile
+            return
+        if job.state is JobState.SUCCEEDED:  # it ended when it ended, on wrong numbers
+            job.state, job.failure = JobState.FAILED, "silent data corruption"
+            return
+        if job in self.waiting:
+            self.waiting.remove(job)
+        self._fail(job, "silent data corruption")
 
     def interrupt_job(self, slot: Slot, *, cause: str) -> None:
         if slot.job is not None:

@@ -14,7 +14,8 @@ from enum import IntEnum, StrEnum
 
 import numpy as np
 
-from gpuguard.sim.scenario import FaultClass, FaultClasses, Scenario
+from gpuguard.sim.scenario import Failures, FaultClass, FaultClasses, Scenario
+from gpuguard.sim.scenario import Fix as FixShares
 
 DAY = 86_400.0
 HOUR = 3_600.0
@@ -94,10 +95,12 @@ KINDS: dict[str, Kind] = {
     "fabric": Kind(Effect.CRASH, ((1.0, Signal.PORT_DOWN),)),
     "thermal": Kind(Effect.CRASH, ((1.0, Signal.OVERHEAT),)),
     "sdc": Kind(Effect.SILENT, ((1.0, Signal.NOTHING),)),
-    "fail_slow": Kind(Effect.SLOW, ((1.0, Signal.POWER_BRAKE),)),
+    "fail_slow": Kind(Effect.SLOW, ((1.0, Signal.POWER_BRAKE),)),  # persistent: none
     "unattributed": Kind(Effect.HANG, ((1.0, Signal.NOTHING),)),
     "benign": Kind(Effect.NONE, ((0.5, Signal.XID_63), (0.5, Signal.CHECK_TIMEOUT))),
 }
+# Classes no periodic check reads reliably: only a load test (the deep suite) finds them.
+HIDDEN_CLASSES = frozenset({"sdc", "fail_slow"})
 # Classes whose faults are counted as job interruptions in the published figures.
 ATTRIBUTED = frozenset(
     name for name in KINDS if name not in ("fail_slow", "unattributed", "benign")
@@ -127,6 +130,8 @@ class Fault:
 
 
 def _signal(cls: str, fix: Fix, rng: np.random.Generator) -> Signal:
+    if cls == "fail_slow" and fix is not Fix.SELF:
+        return Signal.NOTHING  # a gray failure: slow, with no throttle reason to read
     if cls == "hbm":
         if fix is Fix.RESET:
             return Signal.XID_48_REMAP
@@ -189,7 +194,7 @@ def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]
     for group, (start, where, cls, lemon) in enumerate(raw):
         config = getattr(failures.classes, cls, None)
         members = racks[where] if cls == "fabric" else [where]
-        fix = _fix(cls, config, rng)
+        fix = _fix(cls, failures, rng)
         signal = _signal(cls, fix, rng)
         gpu = int(rng.integers(0, 8))
         phase = float(rng.random())
@@ -219,17 +224,26 @@ def _racks(slots: int, per_rack: int) -> list[list[int]]:
     return [list(range(first, min(first + per_rack, slots))) for first in range(0, slots, per_rack)]
 
 
-def _fix(cls: str, config: FaultClass | None, rng: np.random.Generator) -> Fix:
-    if config is None:  # fail-slow, unattributed and benign are not configured by fix
-        return {"fail_slow": Fix.SELF, "benign": Fix.SELF}.get(cls, Fix.RESTART)
-    shares = config.fix.shares()
+def _fix(cls: str, failures: Failures, rng: np.random.Generator) -> Fix:
+    config: FaultClass | None = getattr(failures.classes, cls, None)
+    if cls == "fail_slow":
+        if rng.random() >= failures.fail_slow_persistent_share:
+            return Fix.SELF  # ends by itself after a while
+        return _draw_fix(failures.fail_slow_persistent_fix, rng)
+    if config is None:  # unattributed and benign are not configured by fix
+        return Fix.SELF if cls == "benign" else Fix.RESTART
+    return _draw_fix(config.fix, rng)
+
+
+def _draw_fix(fix: FixShares, rng: np.random.Generator) -> Fix:
+    shares = fix.shares()
     draw = rng.random() * sum(shares)
-    for fix, share in zip(
+    for what, share in zip(
         (Fix.RESTART, Fix.RESET, Fix.REBOOT, Fix.REPLACE, Fix.SELF), shares, strict=True
     ):
         draw -= share
         if draw <= 0 and share > 0:
-            return fix
+            return what
     return Fix.REPLACE
 
 
@@ -245,7 +259,8 @@ def _duration(
     if cls == "fail_slow":
         low, high = failures.fail_slow_duration_s
         length = math.exp(rng.uniform(math.log(low), math.log(high)))
-        return start + length, float(rng.uniform(*failures.fail_slow_factor))
+        slowdown = float(rng.uniform(*failures.fail_slow_factor))
+        return (start + length if fix is Fix.SELF else None), slowdown
     if cls == "benign":
         return start + scenario.detection.check_interval_s, 1.0  # the next check round
     if fix is Fix.SELF and config is not None:

@@ -30,6 +30,7 @@ from gpuguard.remediation.model import (
     Plan,
 )
 from gpuguard.remediation.policy import Policy
+from gpuguard.sim.deep_suite import DeepSuite
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import GPU_BUS
 
@@ -60,6 +61,7 @@ class GpuguardPolicy:
         self.false_counted: set[tuple[str, float]] = set()
         self.population = dict(Counter(slot.pool for slot in engine.slots))
         self.pending: set[float] = set()
+        self.deep = DeepSuite(engine, self.signals_changed)
 
     # -- what the agent reports -------------------------------------------------------
 
@@ -106,6 +108,7 @@ class GpuguardPolicy:
         }
         self.reported[slot.index] = now
         self.ours.discard(slot.index)
+        self.deep.node_replaced(slot)
         self._mark(slot)
         self._decide_at(now)
 
@@ -181,6 +184,8 @@ class GpuguardPolicy:
                 unschedulable=slot.cordoned,
                 cordoned_by_us=index in self.ours,
                 pods_to_move=moving,
+                verify_requested_at=self.deep.requests.get(index),
+                verify=self.deep.answers.get(index),
                 domain=f"rack-{index // self.engine.scenario.fleet.nodes_per_rack}",
             )
         return observations
@@ -240,6 +245,10 @@ class GpuguardPolicy:
                     self._count_false_drain(slot, opened)
                     gpus = tuple(_GPU_INDEX[g] for g in decision.gpus if g in _GPU_INDEX)
                     engine.repair(slot, what, gpus=gpus)
+            elif kind is K.REQUEST_VERIFY and decision.requested_at is not None:
+                self.deep.request_verify(slot, decision.requested_at)
+            elif kind is K.CLEAR_VERIFY:
+                self.deep.clear_verify(slot)
             elif kind is K.REPLACE and self._first(
                 decision.node, opened, "replace", decision.attempt
             ):
@@ -298,6 +307,8 @@ class GpuguardPolicy:
             }.get(episode.phase)
             if timeout is not None:
                 candidates.append(episode.phase_since + timeout + 1e-6)
+            if episode.phase is Phase.VERIFYING and policy.verify.applies_to(episode.rung):
+                candidates.append(episode.phase_since + policy.verify.timeout_s + 1e-6)
             if episode.last_action_at is not None:
                 candidates.append(episode.last_action_at + policy.min_action_interval_s)
         if plan.breaker.open:  # it closes as the wave leaves its window

@@ -46,6 +46,18 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             lambda r: f"{r.time_to_repair_h.p50:.2f} / {r.time_to_repair_h.p90:.2f}",
         ),
         ("false drains per node-day", lambda r: f"{r.false_drains_per_node_day:.5f}"),
+        ("SDC found by checks / by jobs / all", lambda r: _hidden(r, "sdc")),
+        ("fail-slow found by checks / all", lambda r: _hidden(r, "fail_slow")),
+        (
+            "  removed (repaired or replaced): SDC / fail-slow",
+            lambda r: f"{r.hidden_faults['sdc'].removed} / {r.hidden_faults['fail_slow'].removed}",
+        ),
+        (
+            "deep-suite runs: scheduled / verify (failed)",
+            lambda r: "{} / {} ({})".format(
+                *(r.deep_runs.get(k, 0) for k in ("schedule", "verify", "verify_failed"))
+            ),
+        ),
         ("GPU-hours lost (work, restarts, stalls)", lambda r: f"{_lost(r):,.0f}"),
         ("GPU-hours out of service", lambda r: f"{r.gpu_hours['out_of_service']:,.0f}"),
         ("job interruptions", lambda r: str(r.interruptions)),
@@ -64,6 +76,12 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
         ),
         ("breaker trips", lambda r: str(r.breaker_trips)),
     ]
+
+
+def _hidden(result: PolicyResult, cls: str) -> str:
+    faults = result.hidden_faults[cls]
+    by_jobs = f" / {faults.found_by_jobs}" if cls == "sdc" else ""  # only SDC shows in results
+    return f"{faults.found_by_checks}{by_jobs} / {faults.faults}"
 
 
 def _minutes(p50_h: float, p90_h: float) -> str:

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from gpuguard.sim.engine import BIN_S, Engine, FaultTimes
-from gpuguard.sim.faults import HOUR
+from gpuguard.sim.faults import HIDDEN_CLASSES, HOUR
 from gpuguard.sim.jobs import JobState
 from gpuguard.sli import job_success_rate, ratio
 
@@ -70,6 +70,8 @@ class PolicyResult:
     faults: int
     decide_calls: int
     availability_by_day: list[float]
+    hidden_faults: dict[str, HiddenFaults]
+    deep_runs: dict[str, int]
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -93,6 +95,30 @@ class PolicyResult:
             "job_interruptions": self.interruptions,
             "faults": self.faults,
             "decide_calls": self.decide_calls,
+            "hidden_faults": {k: v.to_dict() for k, v in self.hidden_faults.items()},
+            "deep_suite_runs": self.deep_runs,
+        }
+
+
+@dataclass
+class HiddenFaults:
+    """SDC or fail-slow faults of one run: how many, who found them, how many were fixed."""
+
+    faults: int
+    found_by_checks: int
+    found_by_jobs: int
+    removed: int
+    time_to_find_h: Distribution  # by the platform's checks
+    time_to_remove_h: Distribution  # until repaired or replaced away
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "faults": self.faults,
+            "found_by_checks": self.found_by_checks,
+            "found_by_jobs": self.found_by_jobs,
+            "removed": self.removed,
+            "time_to_find_by_checks_hours": self.time_to_find_h.to_dict(),
+            "time_to_remove_hours": self.time_to_remove_h.to_dict(),
         }
 
 
@@ -166,7 +192,28 @@ def summarise(engine: Engine) -> PolicyResult:
         faults=len(engine.faults) - stats.dropped_faults,
         decide_calls=stats.decide_calls,
         availability_by_day=_daily(engine),
+        hidden_faults=_hidden(engine),
+        deep_runs=dict(sorted(stats.deep_runs.items())),
     )
+
+
+def _hidden(engine: Engine) -> dict[str, HiddenFaults]:
+    by_id = {fault.id: fault for fault in engine.faults}
+    result = {}
+    for cls in sorted(HIDDEN_CLASSES):
+        times = [(t, by_id[i].start) for i, t in engine.stats.hidden.items() if by_id[i].cls == cls]
+        found = [(t.by_checks - start) / HOUR for t, start in times if t.by_checks is not None]
+        result[cls] = HiddenFaults(
+            faults=len(times),
+            found_by_checks=len(found),
+            found_by_jobs=sum(1 for t, _ in times if t.by_job is not None),
+            removed=sum(1 for t, _ in times if t.removed is not None),
+            time_to_find_h=Distribution.of(found),
+            time_to_remove_h=Distribution.of(
+                [(t.removed - start) / HOUR for t, start in times if t.removed is not None]
+            ),
+        )
+    return result
 
 
 def _with_start(engine: Engine) -> list[tuple[FaultTimes, float]]:

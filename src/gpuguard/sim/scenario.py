@@ -97,6 +97,13 @@ class Failures(_Strict):
     fail_slow_per_1000_node_days: NonNegative = 1.0
     fail_slow_factor: tuple[Share, Share] = (0.5, 0.95)
     fail_slow_duration_s: tuple[Positive, Positive] = (10.0, 36_000.0)
+    fail_slow_persistent_share: Share = Field(
+        default=0.25, description="Fail-slow that lasts until repaired, with no NVML signal"
+    )
+    fail_slow_persistent_fix: Fix = Fix(reset=0.3, reboot=0.2, replace=0.5)
+    sdc_fails_job: bool = Field(
+        default=False, description="A job found to have computed on a corrupting GPU fails"
+    )
     unattributed_per_1000_node_days: NonNegative = Field(
         default=0.0,
         description="Job interruptions with no node signal (software, mounts, NCCL timeouts)",
@@ -112,6 +119,24 @@ class Detection(_Strict):
     watchdog_min: Positive = Field(default=10.0, description="NCCL watchdog: a hung job dies")
     sdc_detection_h: Positive = Field(default=24.0, description="Until a loss spike shows SDC")
     manual_response_h: Positive = Field(default=12.0, description="Until a human acts")
+
+
+class DeepChecks(_Strict):
+    """The agent's deep suite (gpuguard policy only): on a schedule while idle, and on the
+    controller's verify request when the policy's verify gate is on."""
+
+    interval_h: Positive | None = Field(
+        default=24.0, description="Run on a node this often, when it is idle (null: never)"
+    )
+    duration_s: Positive = Field(default=90.0, description="The suite's budget plus start-up")
+    verify_pickup_s: NonNegative = Field(
+        default=90.0, description="Until the agent reads a verify request (half a heartbeat)"
+    )
+    sdc_detection_probability: Share = 0.5
+    fail_slow_detection_probability: Share = 0.9
+    false_positive_probability: Share = Field(
+        default=0.002, description="A run on a healthy node reports a slow GPU"
+    )
 
 
 class Actions(_Strict):
@@ -164,6 +189,7 @@ class Scenario(_Strict):
     fleet: Fleet = Fleet()
     failures: Failures = Failures()
     detection: Detection = Detection()
+    deep_checks: DeepChecks = DeepChecks()
     actions: Actions = Actions()
     jobs: Jobs = Jobs()
     gpuguard_policy: dict[str, Any] = Field(
@@ -196,6 +222,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "fleet": Fleet,
     "failures": Failures,
     "detection": Detection,
+    "deep_checks": DeepChecks,
     "actions": Actions,
     "jobs": Jobs,
 }
@@ -208,6 +235,8 @@ def _model_at(loc: list[str]) -> type[BaseModel]:
         if len(loc) == 3:
             return FaultClasses
         return Fix if len(loc) > 4 and loc[3] == "fix" else FaultClass
+    if loc[:2] == ["failures", "fail_slow_persistent_fix"] and len(loc) > 2:
+        return Fix
     if loc[0] == "jobs" and loc[1] == "mix" and len(loc) > 3:
         return JobSize
     return _SECTIONS.get(loc[0], Scenario)
