@@ -15,6 +15,7 @@ from gpuguard.controller.slis import (
     parse_selector,
 )
 from gpuguard.kube.jobs import slim_job
+from gpuguard.kube.rest import WatchEvent
 from gpuguard.sli import TimeShare
 
 GPU = {"nvidia.com/gpu.present": "true"}
@@ -45,7 +46,13 @@ def job(uid: str, condition: str = "", *, gpus: str = "1", where: str = "limits"
     container = {"name": "main", "resources": {where: {"nvidia.com/gpu": gpus}}}
     conditions = [{"type": condition, "status": "True"}] if condition else []
     return {
-        "metadata": {"uid": uid, "namespace": "ml", "name": f"job-{uid}"},
+        "metadata": {
+            "uid": uid,
+            "namespace": "ml",
+            "name": f"job-{uid}",
+            "resourceVersion": "7",
+            "managedFields": [{"manager": "kube-controller-manager"}],
+        },
         "spec": {"template": {"spec": {"containers": [container]}}},
         "status": {"conditions": conditions},
     }
@@ -187,21 +194,19 @@ def test_time_share_keeps_down_time_on_its_own():
 # --- jobs ----------------------------------------------------------------------------
 def test_slim_job_keeps_who_whether_gpu_and_how_it_ended():
     assert slim_job(job("u1", "Complete")) == {
-        "uid": "u1",
-        "namespace": "ml",
-        "name": "job-u1",
+        "metadata": {"uid": "u1", "namespace": "ml", "name": "job-u1", "resourceVersion": "7"},
         "gpu": True,
         "outcome": "succeeded",
     }
+    # A broken watch resumes from the last event's version, read off the projection.
+    assert WatchEvent("MODIFIED", slim_job(job("u1"))).resource_version == "7"
     assert slim_job(job("u", "Failed"))["outcome"] == "failed"
     assert slim_job(job("u", "SuccessCriteriaMet"))["outcome"] == ""  # not the end yet
     assert slim_job(job("u", "FailureTarget"))["outcome"] == ""
     assert slim_job(job("u", where="requests"))["gpu"] is True
     assert slim_job(job("u", gpus="0"))["gpu"] is False
     assert slim_job({"metadata": {"uid": "u"}}) == {
-        "uid": "u",
-        "namespace": "",
-        "name": "",
+        "metadata": {"uid": "u"},
         "gpu": False,
         "outcome": "",
     }

@@ -121,7 +121,7 @@ class ServiceLevels:
         longer there are forgotten (a uid is never reused)."""
         jobs = list(jobs)
         with self._lock:
-            self._counted &= {job["uid"] for job in jobs}
+            self._counted &= {job["metadata"]["uid"] for job in jobs}
             for job in jobs:
                 self._count(job)
 
@@ -131,7 +131,7 @@ class ServiceLevels:
 
     def job_gone(self, job: Json) -> None:
         with self._lock:
-            self._counted.discard(job["uid"])
+            self._counted.discard(job["metadata"]["uid"])
 
     def _note(self, node: Json) -> None:
         name = node["metadata"]["name"]
@@ -145,8 +145,9 @@ class ServiceLevels:
         self._time.set(self._clock(), up=self._up, total=len(self._in_service))
 
     def _count(self, job: Json) -> None:
-        if job["gpu"] and job["outcome"] and job["uid"] not in self._counted:
-            self._counted.add(job["uid"])
+        uid = job["metadata"]["uid"]
+        if job["gpu"] and job["outcome"] and uid not in self._counted:
+            self._counted.add(uid)
             self._finished[job["outcome"]] += 1
 
     # --- read by Prometheus -----------------------------------------------------------

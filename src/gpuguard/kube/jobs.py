@@ -12,14 +12,16 @@ GPU_RESOURCE = "nvidia.com/gpu"
 OUTCOME_OF_CONDITION = {"Complete": "succeeded", "Failed": "failed"}
 
 
+_KEPT_METADATA = ("uid", "namespace", "name", "resourceVersion")
+
+
 def slim_job(job: Json) -> Json:
-    """``uid``, ``namespace``, ``name``, ``gpu`` (some container asks for a GPU) and
-    ``outcome`` ("succeeded", "failed", or "" while running)."""
+    """``metadata`` (uid, namespace, name, and the resourceVersion a broken watch resumes
+    from), ``gpu`` (some container asks for a GPU) and ``outcome`` ("succeeded", "failed",
+    or "" while it runs)."""
     metadata = job.get("metadata") or {}
     return {
-        "uid": str(metadata.get("uid", "")),
-        "namespace": str(metadata.get("namespace", "")),
-        "name": str(metadata.get("name", "")),
+        "metadata": {key: metadata[key] for key in _KEPT_METADATA if key in metadata},
         "gpu": _requests_gpu(job),
         "outcome": job_outcome(job),
     }
