@@ -143,6 +143,13 @@ def targets(simulation: Simulation) -> list[str]:
                     " replacements would have to close the gap."
                 )
             )
+    runs = result.deep_runs.get("schedule", 0)
+    if runs and node_days:
+        held = runs * scenario.deep_checks.duration_s / (node_days * 86_400)
+        lines.append(
+            f"  Of that, {runs:,} scheduled deep-suite runs held idle nodes for"
+            f" {100 * held:.3f} % of slot time; a longer deep_checks.interval_h costs less."
+        )
     verdict = "met" if result.job_success_rate >= TARGET_JOB_SUCCESS else "MISSED"
     lines.append(f"- job success {_pct(result.job_success_rate)} vs 99.5 %: {verdict}")
     if result.job_success_rate < TARGET_JOB_SUCCESS:
