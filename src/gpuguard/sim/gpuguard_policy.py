@@ -19,6 +19,7 @@ from collections import Counter
 from gpuguard.model import Action
 from gpuguard.remediation.budget import holds_slot
 from gpuguard.remediation.decide import decide
+from gpuguard.remediation.history import History
 from gpuguard.remediation.model import (
     ActionResult,
     BreakerState,
@@ -48,7 +49,7 @@ class GpuguardPolicy:
     def attach(self, engine: Engine) -> None:
         self.engine = engine
         self.episodes: dict[str, Episode] = {}
-        self.history: list[Episode] = []
+        self.history = History()
         self.breaker = BreakerState()
         healthy = engine.view.verdict(engine.signals(engine.slots[0])).layers
         self.layers = {slot.index: dict(healthy) for slot in engine.slots}
@@ -275,9 +276,8 @@ class GpuguardPolicy:
         for episode in closed:
             self.results.pop(episode.node, None)
         horizon = now - max(self.policy.lemon_window_s, self.policy.breaker.window_s)
-        self.history = [
-            e for e in [*self.history, *closed] if (e.closed_at or e.opened_at) >= horizon
-        ]
+        self.history.add(closed)
+        self.history.forget_before(horizon)
         if plan.breaker.open and not self.breaker.open:
             self.engine.stats.breaker_trips += 1
         self.breaker = plan.breaker
