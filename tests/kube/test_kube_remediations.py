@@ -122,6 +122,51 @@ def test_list_episodes_splits_open_from_closed(api):
     assert old in closed
 
 
+def test_closed_episodes_past_retention_are_deleted_and_nothing_else(api):
+    node = node_name()
+    day = 86400.0
+    long_closed = Episode(node=node, opened_at=T0 - 40 * day, phase=Phase.CLOSED)
+    long_closed.closed_at, long_closed.resolution = T0 - 39 * day, Resolution.REPAIRED
+    recently_closed = Episode(node=node, opened_at=T0 - 3 * day, phase=Phase.CLOSED)
+    recently_closed.closed_at, recently_closed.resolution = T0 - 2 * day, Resolution.TRANSIENT
+    # Open for 50 days (waiting for a human): never deleted, however old.
+    still_open = Episode(node=node, opened_at=T0 - 50 * day, phase=Phase.QUARANTINED)
+    for ep in (long_closed, recently_closed, still_open):
+        remediations.save_episode(api, ep)
+
+    deleted = remediations.delete_closed_before(api, T0 - 30 * day)
+
+    assert deleted >= 1  # other tests' old closed episodes may go too
+    left = {
+        obj["metadata"]["name"]
+        for obj in api.list(remediations.NODE_REMEDIATIONS.path()).items
+        if obj["spec"]["nodeName"] == node
+    }
+    name = remediations.object_name
+    assert left == {
+        name(node, recently_closed.opened_at),
+        name(node, still_open.opened_at),
+    }
+
+
+def test_the_controller_keeps_at_least_the_history_its_policy_reads(api):
+    from gpuguard.controller.loop import Controller
+    from gpuguard.controller.providers import provider_for
+    from gpuguard.remediation.policy import Policy
+
+    policy = Policy()
+    controller = Controller(
+        api,
+        policy,
+        provider_for("delete-node", api),
+        namespace="default",
+        identity="test",
+        keep_closed_s=60,
+    )
+    assert controller.keep_closed_s == max(policy.lemon_window_s, policy.breaker.window_s)
+    assert controller.keep_closed_s >= 7 * 86400
+
+
 def test_the_schema_rejects_what_the_controller_would_never_write(api):
     ep = Episode(node=node_name(), opened_at=T0)
     remediations.save_episode(api, ep)

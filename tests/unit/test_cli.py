@@ -92,6 +92,8 @@ def test_table_output_names_each_layer(capsys):
         ["check", "--expected-gpus", "eight"],
         ["check", "--bogus"],
         ["nonsense"],
+        ["controller", "--keep-closed-days", "0"],
+        ["controller", "--keep-closed-days", "a month"],
     ],
 )
 def test_usage_errors_exit_64(argv, capsys):

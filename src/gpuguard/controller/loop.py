@@ -29,7 +29,7 @@ from gpuguard.kube.errors import KubeError
 from gpuguard.kube.fleet import slim_node
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
-from gpuguard.kube.remediations import list_episodes, read_result
+from gpuguard.kube.remediations import delete_closed_before, list_episodes, read_result
 from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
 from gpuguard.kube.watch import Snapshot, list_then_watch
 from gpuguard.remediation.decide import decide
@@ -45,6 +45,8 @@ from gpuguard.remediation.policy import Policy
 log = logging.getLogger("gpuguard.controller")
 LEASE_NAME = "gpuguard-controller"
 RETRY_S = 2.0
+KEEP_CLOSED_S = 30 * 86400.0  # closed episodes are the audit trail: a month by default
+COLLECT_EVERY_S = 3600.0
 
 
 def _needs_attention(observed: NodeObservation) -> bool:
@@ -70,6 +72,7 @@ class Controller:
         metrics: ControllerMetrics | None = None,
         gpu_nodes: Selector = DEFAULT_GPU_NODES,
         clock: Callable[[], float] = time.time,
+        keep_closed_s: float = KEEP_CLOSED_S,
         resync_s: float = 1.0,
         lease_s: float = 15.0,
         renew_s: float = 5.0,
@@ -81,6 +84,9 @@ class Controller:
         self.slis = ServiceLevels(gpu_nodes)
         self.metrics.registry.register(self.slis)
         self.clock = clock
+        # Never shorter than the history the policy reads (lemons, breaker).
+        self.keep_closed_s = max(keep_closed_s, policy.lemon_window_s, policy.breaker.window_s)
+        self._collected_at = float("-inf")
         self.resync_s = resync_s
         self.elector = LeaderElector(
             api, namespace, LEASE_NAME, identity, lease_s=lease_s, renew_s=renew_s
@@ -246,7 +252,18 @@ class Controller:
         self._remember(plan, failures)
         self.breakers.save(plan.breaker)
         self._observe_metrics(plan, observations, now)
+        if now - self._collected_at >= COLLECT_EVERY_S:
+            self.collect_closed(now)
         return plan
+
+    def collect_closed(self, now: float) -> int:
+        """Delete NodeRemediations of episodes closed more than ``keep_closed_s`` ago, so
+        the objects (and the controller's start-up list) do not grow without bound."""
+        self._collected_at = now
+        deleted = delete_closed_before(self.api, now - self.keep_closed_s)
+        if deleted:
+            log.info("deleted %d NodeRemediations closed before the retention window", deleted)
+        return deleted
 
     def _refresh_results(self, episodes: dict[str, Episode]) -> dict[str, Episode]:
         """Episodes waiting for the agent get the agent's latest answer."""

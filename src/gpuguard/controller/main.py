@@ -40,6 +40,7 @@ def run_controller(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         metrics=metrics,
         gpu_nodes=args.gpu_node_selector,
+        keep_closed_s=args.keep_closed_days * 86400,
     )
     log.info(
         "gpuguard controller %s starting%s (provider %s)",

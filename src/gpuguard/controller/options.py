@@ -45,6 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=9466, metavar="PORT", help="0 disables /metrics"
     )
     parser.add_argument(
+        "--keep-closed-days",
+        type=_positive_days,
+        default=30.0,
+        metavar="DAYS",
+        help="delete NodeRemediations of episodes closed longer ago than this (never less "
+        "than the policy's lemon and breaker windows)",
+    )
+    parser.add_argument(
         "--gpu-node-selector",
         type=_selector,
         default="nvidia.com/gpu.present=true",
@@ -52,6 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="label selector (key=value or key terms, comma separated) of the nodes counted in "
         "GPU-node availability; the chart passes the agent's nodeSelector",
     )
+
+
+def _positive_days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of days: {text!r}") from None
+    if not days > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 days: {text!r}")
+    return days
 
 
 def _selector(text: str) -> object:

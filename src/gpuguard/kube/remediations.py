@@ -133,6 +133,25 @@ def list_episodes(api: KubeApi) -> tuple[dict[str, Episode], list[Episode]]:
     return open_by_node, closed
 
 
+def delete_closed_before(api: KubeApi, cutoff: float) -> int:
+    """Delete the NodeRemediations of episodes that closed before ``cutoff``; how many.
+
+    Open episodes are never deleted, whatever their age, and neither is an object this
+    module cannot read (a person should see it).
+    """
+    deleted = 0
+    for obj in api.list(NODE_REMEDIATIONS.path()).items:
+        try:
+            ep = episode_from_object(obj)
+        except (KeyError, ValueError, TypeError):
+            continue
+        if ep.phase is Phase.CLOSED and (ep.closed_at or ep.opened_at) < cutoff:
+            with contextlib.suppress(KubeNotFound):  # deleted meanwhile by another replica
+                api.delete(NODE_REMEDIATIONS.path(_name(obj)))
+            deleted += 1
+    return deleted
+
+
 def set_request(
     api: KubeApi, ep: Episode, action: Action, attempt: int, gpus: tuple[str, ...], now: float
 ) -> bool:
