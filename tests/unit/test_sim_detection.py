@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import functools
 
+import pytest
+
 from gpuguard.remediation.policy import Policy, build_policy
+from gpuguard.sim.agent_view import AgentView
+from gpuguard.sim.deep_suite import DeepSuite
+from gpuguard.sim.engine import Engine, Slot
+from gpuguard.sim.faults import HOUR
+from gpuguard.sim.jobs import Job, JobState
+from gpuguard.sim.policies import NoPolicy
 from gpuguard.sim.results import Distribution, PolicyResult
 from gpuguard.sim.run import simulate
 from gpuguard.sim.scenario import FaultClasses, Scenario, build_scenario, load_scenario
@@ -75,8 +83,10 @@ def test_the_time_to_find_follows_the_schedule():
 
     # A mostly idle fleet: the run comes when it is due, within about an interval.
     assert 0 < found(24, 0.3).p50 <= 24
-    assert found(2, 0.3).count > 0 and found(2, 0.3).p50 <= 2
-    # A busy one: a run waits for the node to be idle between jobs.
+    # A shorter interval finds sooner, though not within it: the node stays schedulable
+    # during a run, a job may land on it, and the next run waits for that job to end.
+    assert found(2, 0.3).count > 0 and found(2, 0.3).p50 < found(24, 0.3).p50
+    # A busy fleet: a run waits for the node to be idle between jobs.
     assert found(2, 0.85).p50 > found(2, 0.3).p50
 
 
@@ -114,7 +124,7 @@ def test_sdc_fails_the_job_where_the_scenario_says_so():
     assert rolled_back.hidden_faults["sdc"].found_by_jobs > 0
 
 
-def test_deep_false_positives_drain_healthy_nodes_and_the_runs_cost_service_time():
+def test_deep_false_positives_drain_healthy_nodes_and_the_runs_cost_jobs_not_service():
     data = _scenario().model_dump(by_alias=True)
     data["failures"].update(classes=QUIET, fail_slow_per_1000_node_days=0)
     data["deep_checks"]["false_positive_probability"] = 0.05
@@ -125,6 +135,54 @@ def test_deep_false_positives_drain_healthy_nodes_and_the_runs_cost_service_time
     never = simulate(build_scenario(data, "test"), policies=("gpuguard",)).results["gpuguard"]
     assert noisy.false_drains_per_node_day > 0 and noisy.actions.get("reset", 0) > 0
     assert clean.false_drains_per_node_day == 0 and clean.actions == {}
-    # Each run holds an idle node out of service for its duration.
-    assert never.slot_availability == 1.0
-    assert clean.slot_availability < 1.0
+    # A scheduled run on an idle node leaves it in service, as the controller counts it...
+    assert never.slot_availability == clean.slot_availability == 1.0
+    # ...and its cost is the jobs placed on a node during a run, waiting for its end: at
+    # most one placement per run, for at most the run's length, on every node of the job.
+    runs = clean.deep_runs["schedule"]
+    biggest = max(size["nodes"] for size in data["jobs"]["mix"])
+    bound = runs * data["deep_checks"]["duration_s"] / HOUR * biggest * 8
+    assert 0 < clean.gpu_hours["deep_run_wait"] <= bound
+    assert never.gpu_hours["deep_run_wait"] == 0
+
+
+def test_a_job_placed_during_a_scheduled_run_starts_when_it_ends():
+    data = load_scenario().model_dump(by_alias=True)
+    data["fleet"].update(nodes=1, pools=1)
+    data["jobs"]["mix"] = [{"nodes": 1, "share": 1, "hours": [1, 1]}]
+    scenario = build_scenario(data, "test")
+    job = Job(id=0, nodes=1, work_h=1.0, arrival=100.0)
+    engine = Engine(scenario, [], [job], NoPolicy(), AgentView(), seed=1)
+    slot = engine.slots[0]
+    engine.at(70.0, engine.start_test, slot, 90.0)  # from 70 s to 160 s
+    engine.at(160.0, engine.end_test, slot)
+    engine.run()
+    overhead_s = scenario.jobs.restart_overhead_min * 60
+    assert job.state is JobState.SUCCEEDED
+    assert job.deep_wait_h * HOUR == pytest.approx(60.0)  # placed at 100 s, the run ends at 160
+    assert job.overhead_h * HOUR == pytest.approx(overhead_s)  # start-up after the run
+    assert job.ended_at == pytest.approx(160.0 + overhead_s + HOUR / engine.speed_factor)
+    assert engine.slot_share.share == 1.0  # the node was in service throughout
+
+
+def test_verify_runs_happen_on_quarantined_nodes(monkeypatch):
+    """So their time is out of service by the quarantine taint, as in production."""
+    at_start: list[bool] = []
+    at_verdict: list[bool] = []
+    start, finish = DeepSuite._start, DeepSuite._finish
+
+    def started(suite: DeepSuite, slot: Slot, stamp: float | None) -> None:
+        if stamp is not None:
+            at_start.append(slot.tainted)
+        start(suite, slot, stamp)
+
+    def finished(suite: DeepSuite, slot: Slot, machine: int | None, stamp: float | None) -> None:
+        if stamp is not None and slot.machine == machine:
+            at_verdict.append(slot.tainted)
+        finish(suite, slot, machine, stamp)
+
+    monkeypatch.setattr(DeepSuite, "_start", started)
+    monkeypatch.setattr(DeepSuite, "_finish", finished)
+    gated = simulate(_scenario(), VERIFY_RESETS, policies=("gpuguard",)).results["gpuguard"]
+    assert gated.deep_runs["verify"] == len(at_start) > 0
+    assert all(at_start) and at_verdict and all(at_verdict)

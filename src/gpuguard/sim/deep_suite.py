@@ -1,11 +1,13 @@
 """The agents' deep suite (``agent/deep.py``) in simulated time, for the gpuguard run.
 
 On the scenario's schedule each node's agent runs the suite once the node is idle (no job
-on it), holding the node out of service for the run; on the controller's verify request it
-runs at once. A run measures each GPU: a corrupting GPU shows wrong products and a slow one
-a lower speed, each with the scenario's chance per run, and a healthy node sometimes
-measures slow (a false positive). The measurement is judged by the real rules
-(``checks.load.judge``) and folds into the GPU layer, as the agent's does.
+on it); as in production the node is neither cordoned nor tainted for it, so it stays in
+service and a job placed meanwhile starts when the run ends. On the controller's verify
+request it runs at once (the node is then quarantined, so out of service). A run measures
+each GPU: a corrupting GPU shows wrong products and a slow one a lower speed, each with the
+scenario's chance per run, and a healthy node sometimes measures slow (a false positive).
+The measurement is judged by the real rules (``checks.load.judge``) and folds into the GPU
+layer, as the agent's does.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class DeepSuite:
     def _start(self, slot: Slot, stamp: float | None) -> None:
         engine = self.engine
         engine.stats.deep_runs["schedule" if stamp is None else "verify"] += 1
-        engine.hold_for_test(slot, True)
+        engine.start_test(slot, self.config.duration_s)
         engine.at(engine.now + self.config.duration_s, self._finish, slot, slot.machine, stamp)
 
     def _finish(self, slot: Slot, machine: int | None, stamp: float | None) -> None:
@@ -116,9 +118,7 @@ class DeepSuite:
                 if not run.passed:
                     engine.stats.deep_runs["verify_failed"] += 1
             self.report(slot)
-        # Released after the controller's pass at this instant: a node that failed is
-        # tainted before the scheduler can place work on it.
-        engine.at(engine.now, engine.hold_for_test, slot, False)
+        engine.end_test(slot)
 
     def _measure(self, slot: Slot) -> tuple[tuple[DeepFinding, ...], list[Fault]]:
         """What this run sees on the node's GPUs, and the faults that showed in it."""

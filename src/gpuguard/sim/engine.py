@@ -28,7 +28,7 @@ from gpuguard.sim.agent_view import (
 from gpuguard.sim.faults import ATTRIBUTED, DAY, HIDDEN_CLASSES, HOUR, Effect, Fault, Fix
 from gpuguard.sim.jobs import Job, JobState, effective_speed
 from gpuguard.sim.scenario import Scenario
-from gpuguard.sli import TimeShare
+from gpuguard.sli import TimeShare, in_service
 
 APPLICATION_FAULT_TTL_S = 600.0  # the agent's default application_fault_ttl_s
 BIN_S = HOUR  # resolution of the availability time series
@@ -61,6 +61,7 @@ class Slot:
     job: Job | None = None
     down: str = ""  # "reset", "reboot", "manual": an action holds the node
     testing: bool = False  # the deep suite is loading every GPU
+    test_ends: float = 0.0  # when the current deep run ends (a job placed meanwhile waits)
     deep: tuple[DeepFinding, ...] = ()  # what the last deep run found (in the GPU layer)
     notready: bool = False
     tainted: bool = False
@@ -191,7 +192,7 @@ class Engine:
                 job.running_h += (self.horizon - job.segment_start) / HOUR
                 job.saved_h = job.progress_at(self.horizon)
             elif job.state is JobState.RESTARTING:
-                job.overhead_h += (self.horizon - job.placed_at) / HOUR
+                job.start_up_until(self.horizon)
         if self.progress is not None:
             self.progress(1.0)
 
@@ -213,15 +214,19 @@ class Engine:
     def _update(self, slot: Slot) -> None:
         """Recompute whether the slot takes work and is in service; keep the books."""
         now = self.now
-        schedulable = (
-            slot.machine is not None
-            and not slot.down
-            and not slot.notready
-            and not slot.tainted
-            and not slot.cordoned
-            and not slot.testing
+        # A machine in the slot and no action holding it, then the one definition the
+        # controller uses; the scheduler goes by the same flags but cannot see faults.
+        present = slot.machine is not None and not slot.down
+        ready, cordoned, quarantined = not slot.notready, slot.cordoned, slot.tainted
+        schedulable = present and in_service(
+            ready=ready, cordoned=cordoned, quarantined=quarantined, faulty=False
         )
-        in_service = schedulable and not any(f.disables for f in slot.faults.values())
+        up = present and in_service(
+            ready=ready,
+            cordoned=cordoned,
+            quarantined=quarantined,
+            faulty=any(f.disables for f in slot.faults.values()),
+        )
         newly_free = False
         if schedulable and slot.job is None:
             if slot.index not in self.free:
@@ -230,20 +235,20 @@ class Engine:
                 newly_free = True
         else:
             self.free.discard(slot.index)
-        if not schedulable and not slot.testing:
+        if not schedulable:
             for fault_id in slot.incidents:
                 times = self.stats.fault_times[fault_id]
                 if times.quarantined is None:
                     times.quarantined = now
-        if in_service != slot.in_service:
+        if up != slot.in_service:
             self._account(now)
-            self.in_service += 1 if in_service else -1
+            self.in_service += 1 if up else -1
             self.slot_share.up = self.machine_share.up = self.in_service
-            if in_service:
+            if up:
                 for fault_id in slot.incidents:
                     self.stats.fault_times[fault_id].repaired = now
                 slot.incidents.clear()
-        slot.schedulable, slot.in_service = schedulable, in_service
+        slot.schedulable, slot.in_service = schedulable, up
         if newly_free and self.on_idle is not None:
             self.on_idle(slot)
 
@@ -348,10 +353,15 @@ class Engine:
             for f in slot.faults.values()
         )
 
-    def hold_for_test(self, slot: Slot, testing: bool) -> None:
-        """The deep suite starts or ends on the node: it takes no work meanwhile."""
-        slot.testing = testing
-        self._update(slot)
+    def start_test(self, slot: Slot, duration: float) -> None:
+        """The deep suite starts on the node. As in production the node stays as it was
+        (a scheduled run starts on an idle node that stays in service; a verify runs under
+        the quarantine taint): a job placed meanwhile starts once the run ends."""
+        slot.testing = True
+        slot.test_ends = self.now + duration
+
+    def end_test(self, slot: Slot) -> None:
+        slot.testing = False
 
     def found_by_checks(self, faults: list[Fault]) -> None:
         for fault in faults:
@@ -383,6 +393,7 @@ class Engine:
         self.stats.actions[("manual_" if manual else "") + what] += 1
         self.interrupt_job(slot, cause="platform")
         slot.down = "manual" if manual else what
+        slot.test_ends = min(slot.test_ends, self.now)  # a deep run stops with the GPUs
         machine = slot.machine
         self.at(self.now + duration, self._repair_done, slot, machine, what, gpus, manual)
         self._update(slot)
@@ -429,6 +440,7 @@ class Engine:
         self._mark_removed(list(slot.faults.values()))
         slot.machine = None
         slot.testing = False
+        slot.test_ends = self.now
         slot.deep = ()
         slot.faults.clear()
         slot.kernel.clear()
@@ -530,16 +542,20 @@ class Engine:
         job.state = JobState.RESTARTING
         job.version += 1
         job.placed_at = self.now
+        # Its GPUs are the deep suite's until a run in progress on its nodes ends.
+        job.starts_at = max(
+            [self.now, *(self.slots[i].test_ends for i in picked if self.slots[i].testing)]
+        )
         job.waiting_since = None
         if job.first_start is None:
             job.first_start = self.now
         overhead = self.scenario.jobs.restart_overhead_min * 60.0
-        self.at(self.now + overhead, self._ready, job, job.version)
+        self.at(job.starts_at + overhead, self._ready, job, job.version)
 
     def _ready(self, job: Job, version: int) -> None:
         if job.version != version:
             return
-        job.overhead_h += (self.now - job.placed_at) / HOUR
+        job.start_up_until(self.now)
         for index in job.slots:
             for fault in self.slots[index].faults.values():
                 if fault.effect in (Effect.CRASH, Effect.DOWN):
@@ -667,7 +683,7 @@ class Engine:
         """The job stops on all its nodes; it restarts from its last good checkpoint."""
         now = self.now
         if job.state is JobState.RESTARTING:
-            job.overhead_h += (now - job.placed_at) / HOUR
+            job.start_up_until(now)
         elif job.state is JobState.RUNNING:
             interval = self.scenario.jobs.checkpoint_interval_min * 60.0
             good = min(now, rollback_to if rollback_to is not None else now)

@@ -11,7 +11,7 @@ from gpuguard.sim.results import GPU_HOUR_KINDS
 from gpuguard.sim.run import Simulation
 
 COLOURS = {"none": "#8c8c8c", "reactive": "#d9822b", "gpuguard": "#2b6cb0"}
-KIND_COLOURS = ("#2f855a", "#c53030", "#dd6b20", "#d69e2e", "#718096", "#e2e8f0")
+KIND_COLOURS = ("#2f855a", "#c53030", "#dd6b20", "#805ad5", "#d69e2e", "#718096", "#e2e8f0")
 OUTCOME_COLOURS = {"succeeded": "#2f855a", "failed": "#c53030", "unfinished": "#cbd5e0"}
 W, H, LEFT, RIGHT, TOP, BOTTOM = 720, 300, 70, 130, 20, 40
 

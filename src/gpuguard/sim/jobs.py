@@ -40,6 +40,7 @@ class Job:
     pieces: list[tuple[float, float]] = field(default_factory=list)  # (from, speed) this stretch
     speed: float = 1.0
     placed_at: float = 0.0
+    starts_at: float = 0.0  # its start-up begins (later than placed_at: a deep run was on)
     first_start: float | None = None
     ended_at: float | None = None
     retries: int = 0
@@ -47,6 +48,7 @@ class Job:
     attributed_interruptions: int = 0  # caused by a fault of a class the literature counts
     lost_h: float = 0.0  # work rolled back
     overhead_h: float = 0.0  # wall hours spent restarting
+    deep_wait_h: float = 0.0  # wall hours placed but waiting for a deep run to end
     running_h: float = 0.0  # wall hours in productive stretches
     waiting_since: float | None = None
     failure: str = ""
@@ -54,6 +56,11 @@ class Job:
     @property
     def finished(self) -> bool:
         return self.state in (JobState.SUCCEEDED, JobState.FAILED)
+
+    def start_up_until(self, t: float) -> None:
+        """Count a placement that ends at ``t``: the wait for a deep run, then start-up."""
+        self.deep_wait_h += (min(t, self.starts_at) - self.placed_at) / HOUR
+        self.overhead_h += max(0.0, t - self.starts_at) / HOUR
 
     def progress_at(self, t: float) -> float:
         """Work done by ``t`` within the current stretch (``t`` not before its start)."""

@@ -13,7 +13,15 @@ from gpuguard.sli import job_success_rate, ratio
 
 GPUS_PER_NODE = 8
 # Where the fleet's GPU-hours went, in the order the report stacks them.
-GPU_HOUR_KINDS = ("useful", "lost_work", "restarting", "stalled_or_slow", "out_of_service", "idle")
+GPU_HOUR_KINDS = (
+    "useful",
+    "lost_work",
+    "restarting",
+    "deep_run_wait",  # placed on a node during a scheduled deep run, waiting for its end
+    "stalled_or_slow",
+    "out_of_service",
+    "idle",
+)
 
 
 @dataclass
@@ -142,12 +150,14 @@ def summarise(engine: Engine) -> PolicyResult:
     fleet_node_hours = nodes * hours
     lost = sum(job.lost_h * job.nodes for job in jobs)
     restarting = sum(job.overhead_h * job.nodes for job in jobs)
+    deep_wait = sum(job.deep_wait_h * job.nodes for job in jobs)
     running = sum(job.running_h * job.nodes for job in jobs)
     out = fleet_node_hours - engine.slot_share.up_seconds / HOUR
     spent = {
         "useful": useful,
         "lost_work": lost,
         "restarting": restarting,
+        "deep_run_wait": deep_wait,
         "stalled_or_slow": max(0.0, running - useful - lost),
         "out_of_service": out,
     }
