@@ -9,7 +9,7 @@ import numpy as np
 from gpuguard.cli import main
 from gpuguard.remediation.policy import Policy, build_policy
 from gpuguard.sim.faults import generate_faults
-from gpuguard.sim.report import table
+from gpuguard.sim.report import table, targets
 from gpuguard.sim.run import simulate
 from gpuguard.sim.scenario import FaultClasses, Scenario, build_scenario, load_scenario
 
@@ -84,6 +84,26 @@ def test_a_missed_target_is_reported_with_what_would_have_to_change():
     assert physical < 0.9995  # machines away for a week of repair count against it
     assert "physical GPU-node availability" in text and "MISSED" in text
     assert "99.95 % allows" in text
+
+
+def test_a_missed_slot_target_names_what_held_the_slots_longest():
+    quiet = {name: {"rate": 0, "fix": {"restart": 1}} for name in FaultClasses.model_fields}
+    switches = {"rate": 2, "fix": {"self": 1}, "self_clear_h": 2}
+    hosts = {"rate": 2, "fix": {"self": 1}, "self_clear_h": 0.5}
+    scenario = _scenario(
+        failures={
+            "classes": {**quiet, "fabric": switches, "host": hosts},
+            "fail_slow_per_1000_node_days": 0,
+            "benign_signals_per_node_day": 0,
+        },
+        deep_checks={"interval_h": None},
+    )
+    simulation = simulate(scenario, policies=("gpuguard",))
+    held = simulation.results["gpuguard"].repair_node_hours_by_class
+    assert list(held) == ["fabric", "host"]  # a whole rack for 2 h outweighs a node for 0.5
+    text = "\n".join(targets(simulation))
+    assert f"Most of it: fabric faults, {held['fabric']:,.0f} of" in text
+    assert "fabric.self_clear_h" in text
 
 
 def test_json_has_the_documented_shape(capsys, tmp_path):

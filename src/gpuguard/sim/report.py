@@ -140,8 +140,7 @@ def targets(simulation: Simulation) -> list[str]:
                     " Machines away for repair count here: only repair in place within that"
                     " time, or counting slots refilled from spares, gets there."
                     if label.startswith("physical")
-                    else " Faster replacement (more spares, quicker swaps) or fewer"
-                    " replacements would have to close the gap."
+                    else _slot_remedy(result)
                 )
             )
     verdict = "met" if result.job_success_rate >= TARGET_JOB_SUCCESS else "MISSED"
@@ -168,6 +167,25 @@ def targets(simulation: Simulation) -> list[str]:
             f" every {interval / 2:g} min instead of {interval:g} would about halve that."
         )
     return lines
+
+
+def _slot_remedy(result: PolicyResult) -> str:
+    """What held slots out of service longest, and what would shorten it."""
+    by_class = result.repair_node_hours_by_class
+    if not by_class:
+        return ""
+    worst, hours = next(iter(by_class.items()))
+    share = f" Most of it: {worst} faults, {hours:,.0f} of {sum(by_class.values()):,.0f}"
+    share += " node-hours from fault to back in service."
+    if worst == "fabric":
+        return share + (
+            " A rack's nodes are unusable until its switch or cable is back: only a faster"
+            " swap (failures.classes.fabric.self_clear_h) or a sturdier fabric closes the gap."
+        )
+    return share + (
+        " Faster replacement (more spares, quicker swaps) or fewer replacements would have"
+        " to close the gap."
+    )
 
 
 def _remedy(why: str, budget: int) -> str:

@@ -80,6 +80,8 @@ class PolicyResult:
     availability_by_day: list[float]
     hidden_faults: dict[str, HiddenFaults]
     deep_runs: dict[str, int]
+    # Node-hours from each disabling fault's start to back in service (or the run's end).
+    repair_node_hours_by_class: dict[str, float]
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -105,6 +107,7 @@ class PolicyResult:
             "decide_calls": self.decide_calls,
             "hidden_faults": {k: v.to_dict() for k, v in self.hidden_faults.items()},
             "deep_suite_runs": self.deep_runs,
+            "repair_node_hours_by_class": self.repair_node_hours_by_class,
         }
 
 
@@ -204,7 +207,18 @@ def summarise(engine: Engine) -> PolicyResult:
         availability_by_day=_daily(engine),
         hidden_faults=_hidden(engine),
         deep_runs=dict(sorted(stats.deep_runs.items())),
+        repair_node_hours_by_class=_repair_by_class(engine),
     )
+
+
+def _repair_by_class(engine: Engine) -> dict[str, float]:
+    by_id = {fault.id: fault for fault in engine.faults}
+    hours: dict[str, float] = defaultdict(float)
+    for fault_id, times in engine.stats.fault_times.items():
+        fault = by_id[fault_id]
+        end = times.repaired if times.repaired is not None else engine.horizon
+        hours[fault.cls] += (end - fault.start) / HOUR
+    return dict(sorted(hours.items(), key=lambda item: -item[1]))
 
 
 def _hidden(engine: Engine) -> dict[str, HiddenFaults]:
