@@ -33,6 +33,7 @@ from gpuguard.kube.remediations import delete_closed_before, list_episodes, read
 from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
 from gpuguard.kube.watch import Snapshot, list_then_watch
 from gpuguard.remediation.decide import decide
+from gpuguard.remediation.history import History
 from gpuguard.remediation.model import (
     DecisionKind,
     Episode,
@@ -104,7 +105,7 @@ class Controller:
         self._synced = threading.Event()
         self.leading = threading.Event()
         self._episodes: dict[str, Episode] | None = None
-        self._history: list[Episode] = []
+        self._history = History()
 
     # --- running ------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -224,7 +225,9 @@ class Controller:
     def reconcile(self) -> Plan:
         now = self.clock()
         if self._episodes is None:
-            self._episodes, self._history = list_episodes(self.api)
+            self._episodes, closed = list_episodes(self.api)
+            self._history = History(closed)
+            self._history.forget_before(self._history_horizon())
             self.breakers.load()
         episodes = self._refresh_results(self._episodes)
         with self._lock:
@@ -281,10 +284,12 @@ class Controller:
             return
         closed = [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
         self._episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
-        horizon = self.clock() - max(self.policy.lemon_window_s, self.policy.breaker.window_s)
-        self._history = [
-            e for e in [*self._history, *closed] if (e.closed_at or e.opened_at) >= horizon
-        ]
+        self._history.add(closed)
+        self._history.forget_before(self._history_horizon())
+
+    def _history_horizon(self) -> float:
+        """Closed episodes older than this matter to no policy rule (lemons, breaker)."""
+        return self.clock() - max(self.policy.lemon_window_s, self.policy.breaker.window_s)
 
     def _observe_metrics(
         self, plan: Plan, observations: dict[str, NodeObservation], now: float
