@@ -76,6 +76,15 @@ class DeepChecks(BaseModel):
         le=30 * 86400,
         description="Agent: run the deep suite this often while the GPUs are idle (null: never)",
     )
+    # A job that fails restarts or is requeued within minutes, on the nodes it ran on: a run
+    # that started the moment they emptied would meet it there, delay it, and a false
+    # positive would drain a node it needs. Fifteen minutes lets that restart land first.
+    min_idle_s: float = Field(
+        default=900.0,
+        ge=0,
+        le=86400,
+        description="Agent: a scheduled run waits for the GPUs to have been idle this long",
+    )
     idle_utilization_percent: float = Field(
         default=5.0, ge=0, le=100, description="GPUs busier than this are not idle"
     )

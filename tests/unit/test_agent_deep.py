@@ -1,5 +1,6 @@
-"""The agent's deep-check schedule: idle GPUs only, once-only give-up, verify on request,
-hung suites failing the GPU layer closed, and the rest of the agent never waiting for it."""
+"""The agent's deep-check schedule: idle GPUs only (and idle long enough), once-only give-up,
+verify on request, hung suites failing the GPU layer closed, and the rest of the agent never
+waiting for it."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ class FakeDeepCheck:
 
 
 def fast_config(**deep: object) -> Config:
-    return Config(check_interval_s=0.05, deep={"interval_s": 0.05, **deep})
+    return Config(check_interval_s=0.05, deep={"interval_s": 0.05, "min_idle_s": 0, **deep})
 
 
 @pytest.fixture
@@ -205,6 +206,109 @@ def test_failing_suite_fails_the_verify_with_its_codes(schedule):
     }
 
 
+# --- idle long enough, on a controlled clock -------------------------------------------------
+class Node:
+    """A clock the test moves and the GPUs' activity at each moment."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.busy: list[tuple[float, float]] = []  # [start, end) spans with a job on the GPUs
+
+    def idleness(self) -> Idleness:
+        return BUSY if any(a <= self.now < b for a, b in self.busy) else IDLE
+
+
+def stepped(
+    config: Config, node: Node, check: FakeDeepCheck
+) -> tuple[DeepSchedule, list[tuple[float, DeepRun]]]:
+    runs: list[tuple[float, DeepRun]] = []
+    deep = DeepSchedule(
+        check,
+        config,
+        BundleSources(EXAMPLES / "healthy-h100"),
+        idleness=node.idleness,
+        on_run=lambda run: runs.append((node.now, run)),
+        metrics=AgentMetrics(),
+        clock=lambda: node.now,
+        wall=lambda: node.now,
+    )
+    return deep, runs
+
+
+def advance(deep: DeepSchedule, node: Node, until: float) -> list[float]:
+    """Step the schedule as its thread would, up to ``until``; returns when it sampled."""
+    steps = []
+    while node.now <= until:
+        steps.append(node.now)
+        wait = deep.step()
+        if wait is None:
+            break
+        node.now += wait
+    return steps
+
+
+HOURLY = Config(check_interval_s=30, deep={"interval_s": 3600, "min_idle_s": 900})
+
+
+def test_an_idle_node_runs_on_time_having_watched_the_last_min_idle_seconds():
+    node, check = Node(), FakeDeepCheck()
+    deep, runs = stepped(HOURLY, node, check)
+    steps = advance(deep, node, 7200)
+    assert [t for t, _ in runs] == [3600, 7200]
+    assert all(run.trigger == "schedule" for _, run in runs)
+    # Nothing is sampled until min_idle before the run is due.
+    assert [t for t in steps if t < 3600] == [0, *range(2700, 3600, 30)]
+
+
+def test_a_run_waits_for_min_idle_of_unbroken_idleness_and_a_busy_sample_restarts_it():
+    node, check = Node(), FakeDeepCheck()
+    node.busy = [(0, 3500), (3980, 4040)]  # a job ends, and another comes for a minute
+    deep, runs = stepped(HOURLY, node, check)
+    advance(deep, node, 4500)
+    assert runs == []  # idle from the sample at 3,510 s, busy at 3,990 s: not 900 s yet
+    advance(deep, node, 6000)
+    ((started, run),) = runs
+    # The first idle sample after the short job is at 4,050 s; then 900 s of idle samples.
+    assert started == 4050 + 900 and run.trigger == "schedule"
+    assert check.runs == 1
+
+
+def test_a_job_that_comes_back_within_min_idle_is_not_met_by_a_run():
+    node, check = Node(), FakeDeepCheck()
+    node.busy = [(0, 3700), (3700 + 600, 20_000)]  # its restart comes back after 10 min
+    deep, runs = stepped(HOURLY, node, check)
+    advance(deep, node, 19_000)
+    assert runs == []
+    advance(deep, node, 22_000)
+    assert [t for t, _ in runs] == [20_010 + 900]  # sampled every 30 s from 2,700 s
+
+
+def test_without_min_idle_a_single_idle_sample_is_enough():
+    node, check = Node(), FakeDeepCheck()
+    node.busy = [(0, 3700)]
+    config = Config(check_interval_s=30, deep={"interval_s": 3600, "min_idle_s": 0})
+    deep, runs = stepped(config, node, check)
+    advance(deep, node, 4000)
+    assert [t for t, _ in runs] == [3720]
+
+
+def test_a_verify_does_not_wait_for_min_idle():
+    node, check = Node(), FakeDeepCheck()
+    node.busy = [(0, 10_000)]
+    deep, runs = stepped(HOURLY, node, check)
+    advance(deep, node, 100)
+    deep.request_verify("2025-01-01T00:00:01Z")
+    deep.step()
+    ((started, run),) = runs
+    assert started == node.now and run.trigger == "verify"
+
+
+def test_min_idle_is_validated():
+    assert Config().deep.min_idle_s == 900
+    with pytest.raises(ValueError, match="min_idle_s"):
+        Config(deep={"min_idle_s": -1})
+
+
 # --- inside the agent ------------------------------------------------------------------------
 def test_hung_suite_fails_the_gpu_layer_closed_and_the_kernel_log_keeps_flowing(tmp_path):
     bundle = tmp_path / "bundle"
@@ -220,7 +324,7 @@ def test_hung_suite_fails_the_gpu_layer_closed_and_the_kernel_log_keeps_flowing(
     config = Config(
         check_interval_s=0.05,
         timeouts={"deep-gpu": 0.3},
-        deep={"interval_s": 0.05},
+        deep={"interval_s": 0.05, "min_idle_s": 0},
     )
     follower = FileFollower(bundle / "kmsg.log", 0.02)
     agent = Agent(

@@ -5,8 +5,12 @@ It has a thread of its own: the suite takes up to a minute, and the kernel-log f
 and the regular checks must not wait for it. It runs through the same fail-closed runner
 as every other check, so a hung suite is a ``CHECK_TIMED_OUT`` verdict on the GPU layer.
 A scheduled run never interrupts work: it needs every GPU idle as NVML reports it, and
-when NVML cannot tell, it does not run. A verify runs at once (the node is drained); its
-answer echoes the request's stamp, so the controller can tell it from an older answer.
+when NVML cannot tell, it does not run. Idle for a moment is not enough: a job that failed
+comes back to its nodes within minutes, and a run started the moment they emptied would be
+in its way (and a false positive would drain a node it needs). So a scheduled run waits
+until every sample for ``deep.min_idle_s`` said idle; a busy or unreadable sample starts
+the wait again. A verify runs at once (the node is drained); its answer echoes the
+request's stamp, so the controller can tell it from an older answer.
 """
 
 from __future__ import annotations
@@ -109,7 +113,11 @@ class DeepRun:
 
 
 class DeepSchedule:
-    """Runs the deep check every ``deep.interval_s`` while idle, and each verify request."""
+    """Runs the deep check every ``deep.interval_s`` once idle long enough, and each verify.
+
+    Idleness is sampled every ``check_interval_s`` from ``deep.min_idle_s`` before a run is
+    due, so a node that was idle all along runs on time.
+    """
 
     def __init__(
         self,
@@ -127,7 +135,8 @@ class DeepSchedule:
             check, CheckContext(sources, config, config.timeout_for(check.name))
         )
         self._interval = config.deep.interval_s
-        self._retry_s = config.check_interval_s  # how soon to look again at busy GPUs
+        self._min_idle = config.deep.min_idle_s
+        self._retry_s = config.check_interval_s  # how often to sample idleness
         self._idleness = idleness
         self._on_run = on_run
         self._metrics = metrics
@@ -136,6 +145,8 @@ class DeepSchedule:
         self._lock = threading.Lock()
         self._pending: str | None = None
         self._taken: str | None = None  # the stamp being answered or last answered
+        self._due = clock() + self._interval if self._interval is not None else None
+        self._idle_since: float | None = None  # first of the unbroken idle samples
         self._last_skip = ""
         self.wake = threading.Event()
 
@@ -148,29 +159,45 @@ class DeepSchedule:
         self.wake.set()
 
     def run(self, stop: threading.Event) -> None:
-        due = self._clock() + self._interval if self._interval is not None else None
         while not stop.is_set():
             self.wake.clear()
-            with self._lock:
-                stamp, self._pending = self._pending, None
-                self._taken = stamp or self._taken
-            if stamp is not None:
-                self._run("verify", stamp)
-            elif due is not None and self._clock() >= due:
-                due = self._scheduled_run()
-            wait = None if due is None else max(0.0, due - self._clock())
-            self.wake.wait(wait)
+            self.wake.wait(self.step())
 
-    def _scheduled_run(self) -> float | None:
-        """Run if idle; returns when to look again (None: never, the check cannot run)."""
-        assert self._interval is not None
+    def step(self) -> float | None:
+        """Answer a pending verify, or take the schedule one sample further; returns the
+        seconds until the next step is needed (None: only when woken)."""
+        with self._lock:
+            stamp, self._pending = self._pending, None
+            self._taken = stamp or self._taken
+        if stamp is not None:
+            self._run("verify", stamp)
+        if self._due is None:
+            return None
+        now = self._clock()
+        watch_from = self._due - self._min_idle
+        if now < watch_from:
+            return watch_from - now
+        next_sample = self._sample(now)
+        return 0.0 if next_sample is None else max(0.0, next_sample - self._clock())
+
+    def _sample(self, now: float) -> float | None:
+        """One idleness sample on the way to a due run; returns when to sample next, or
+        None after a run (the next step sees where the schedule stands)."""
+        assert self._due is not None and self._interval is not None
         idle = self._idleness()
         if idle.activity is not Activity.IDLE:
-            self._metrics.deep_skipped.labels(str(idle.activity)).inc()
-            if idle.why != self._last_skip:  # a line when the reason changes, not per retry
-                log.info("scheduled deep check waits: %s", idle.why)
-                self._last_skip = idle.why
-            return self._clock() + self._retry_s
+            self._idle_since = None
+            if now >= self._due:
+                self._metrics.deep_skipped.labels(str(idle.activity)).inc()
+                self._waits(idle.why)
+            return now + self._retry_s
+        if self._idle_since is None:
+            self._idle_since = now
+        ready_at = max(self._due, self._idle_since + self._min_idle)
+        if now < ready_at:
+            if now >= self._due:
+                self._waits(f"the GPUs must be idle for {self._min_idle:g}s first")
+            return min(ready_at, now + self._retry_s)
         self._last_skip = ""
         run = self._run("schedule", None)
         if run.result.outcome in NEVER_RUNS:
@@ -178,11 +205,20 @@ class DeepSchedule:
                 "scheduled deep check stopped (it cannot run on this node): %s",
                 run.result.detail,
             )
-            return None
-        return self._clock() + self._interval
+            self._due = None
+        else:
+            self._due = self._clock() + self._interval
+        return None
+
+    def _waits(self, why: str) -> None:
+        """A log line when the reason changes, not one per sample."""
+        if why != self._last_skip:
+            log.info("scheduled deep check waits: %s", why)
+            self._last_skip = why
 
     def _run(self, trigger: str, stamp: str | None) -> DeepRun:
         log.info("deep check starting (%s)", trigger if stamp is None else f"verify {stamp}")
+        self._idle_since = None  # the suite loads the GPUs: idleness is measured anew
         result = self._runner.run_once()
         run = DeepRun(trigger, result, self._wall(), stamp)
         self._metrics.observe_check(result)
