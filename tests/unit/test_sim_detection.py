@@ -3,7 +3,8 @@
 The fleet here fails only silently (SDC) or slowly (persistent fail-slow, with no NVML
 signal), at rates far above the literature's so that a short run has enough of both, and
 people never come (``manual_response_h`` beyond the run): what is found and fixed is what
-the policies find and fix.
+the policies find and fix. Half its slots are asked for, so nodes have the idle gaps a
+scheduled run waits for (``min_idle_s``); what a busier fleet does to that is tested below.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ VERIFY_RESETS = build_policy({"verify": {"enabled": True, "rungs": ["RESET_GPU",
 
 
 def _scenario(
-    deep: tuple[tuple[str, object], ...] = (), sdc_fails_job: bool = False, busy: float = 0.85
+    deep: tuple[tuple[str, object], ...] = (), sdc_fails_job: bool = False, busy: float = 0.5
 ) -> Scenario:
     data = load_scenario().model_dump(by_alias=True)
     data.update(days=20, seed=1)
@@ -53,7 +54,7 @@ def _scenario(
 
 @functools.cache
 def _run(
-    deep: tuple[tuple[str, object], ...] = (), verify: bool = False, busy: float = 0.85
+    deep: tuple[tuple[str, object], ...] = (), verify: bool = False, busy: float = 0.5
 ) -> dict[str, PolicyResult]:
     return simulate(_scenario(deep, busy=busy), VERIFY_RESETS if verify else Policy()).results
 
@@ -88,6 +89,63 @@ def test_the_time_to_find_follows_the_schedule():
     assert found(2, 0.3).count > 0 and found(2, 0.3).p50 < found(24, 0.3).p50
     # A busy fleet: a run waits for the node to be idle between jobs.
     assert found(2, 0.85).p50 > found(2, 0.3).p50
+
+
+def test_on_a_fleet_whose_free_nodes_are_soon_taken_min_idle_costs_runs_and_finds():
+    def gpuguard(min_idle_s: float) -> PolicyResult:
+        return _run((("min_idle_s", min_idle_s),), busy=0.85)["gpuguard"]
+
+    # A queue waits for every node that frees up: few stay idle for 15 minutes.
+    eager, patient = gpuguard(0), gpuguard(900)
+    assert patient.deep_runs["schedule"] < eager.deep_runs["schedule"] / 2
+    for cls in ("sdc", "fail_slow"):
+        found = patient.hidden_faults[cls].found_by_checks
+        assert found < eager.hidden_faults[cls].found_by_checks
+    # What it buys: fewer jobs placed on a node mid-run.
+    assert patient.gpu_hours["deep_run_wait"] < eager.gpu_hours["deep_run_wait"]
+
+
+class RecordedSuite(DeepSuite):
+    """The deep suite, noting when each run starts."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine, lambda slot: None)
+        self.starts: list[float] = []
+
+    def _start(self, slot: Slot, stamp: float | None) -> None:
+        self.starts.append(self.engine.now)
+        super()._start(slot, stamp)
+
+
+def _one_node_runs(min_idle_s: float, gap_s: float) -> tuple[list[float], float]:
+    """One node, due for a run every hour, whose first job ends and whose next comes
+    ``gap_s`` later: when its scheduled runs start, and how long a job holds it."""
+    data = load_scenario().model_dump(by_alias=True)
+    data["fleet"].update(nodes=1, pools=1)
+    data["jobs"]["mix"] = [{"nodes": 1, "share": 1, "hours": [2, 2]}]
+    data["deep_checks"].update(interval_h=1, min_idle_s=min_idle_s)
+    scenario = build_scenario(data, "test")
+    first = Job(id=0, nodes=1, work_h=2.0, arrival=0.0)
+    engine = Engine(scenario, [], [first], NoPolicy(), AgentView(), seed=1)
+    job_s = scenario.jobs.restart_overhead_min * 60 + 2 * HOUR / engine.speed_factor
+    engine.jobs.append(Job(id=1, nodes=1, work_h=2.0, arrival=job_s + gap_s))
+    engine.horizon = 2 * job_s + gap_s + 4 * HOUR
+    suite = RecordedSuite(engine)
+    engine.run()
+    return suite.starts, job_s
+
+
+def test_a_job_placed_within_min_idle_keeps_the_scheduled_run_off_the_node():
+    starts, job_s = _one_node_runs(900, gap_s=600)
+    second_end = job_s + 600 + job_s
+    assert starts[0] == pytest.approx(second_end + 900)  # none before: the job came back
+
+
+def test_a_node_idle_for_min_idle_runs_the_due_suite_then():
+    starts, job_s = _one_node_runs(900, gap_s=1200)
+    assert starts[0] == pytest.approx(job_s + 900)
+    eager, _ = _one_node_runs(0, gap_s=600)
+    assert eager[0] == pytest.approx(job_s)  # without the wait: the moment it is free
 
 
 def test_without_the_deep_schedule_gpuguard_misses_them_too():

@@ -1,8 +1,11 @@
 """The agents' deep suite (``agent/deep.py``) in simulated time, for the gpuguard run.
 
-On the scenario's schedule each node's agent runs the suite once the node is idle (no job
-on it); as in production the node is neither cordoned nor tainted for it, so it stays in
-service and a job placed meanwhile starts when the run ends. On the controller's verify
+On the scenario's schedule each node's agent runs the suite once the node has been idle
+(free of jobs) for ``min_idle_s``, as the agent waits for that many seconds of idle samples:
+a job placed before then, such as a failed job coming back to its nodes, prevents the run,
+and the wait starts again when the node is next free. As in production the node is neither
+cordoned nor tainted for a run, so it stays in service and a job placed meanwhile starts
+when the run ends. On the controller's verify
 request it runs at once (the node is then quarantined, so out of service). A run measures
 each GPU: a corrupting GPU shows wrong products and a slow one a lower speed, each with the
 scenario's chance per run, and a healthy node sometimes measures slow (a false positive).
@@ -32,6 +35,7 @@ class DeepSuite:
         self.report = report
         self.rng = np.random.default_rng([engine.scenario.seed, 3])
         self.due: set[int] = set()
+        self.free_since: dict[int, float] = {}  # when each slot last became free (else 0)
         self.requests: dict[int, float] = {}  # the verify request on each Node
         self.answers: dict[int, VerifyAnswer] = {}  # each agent's latest verify answer
         if self.config.interval_h is not None:
@@ -65,14 +69,31 @@ class DeepSuite:
     def _due(self, slot: Slot, machine: int | None) -> None:
         if slot.machine == machine:
             self.due.add(slot.index)
-            self._idle(slot)
+            self._try(slot)
 
     def _idle(self, slot: Slot) -> None:
-        """Due and idle: run now. Busy: the agent looks again until the GPUs are idle,
-        which here is the moment the slot next becomes free."""
-        if slot.index in self.due and self._is_idle(slot):
-            self.due.discard(slot.index)
-            self._start(slot, None)
+        """The slot just became free: its idle time starts now."""
+        self.free_since[slot.index] = self.engine.now
+        self._try(slot)
+
+    def _try(self, slot: Slot) -> None:
+        """Due and idle long enough: run now. Idle, not yet long enough: look again when
+        it will be. Busy: the agent waits for the GPUs to be idle, which here is the
+        moment the slot next becomes free."""
+        if slot.index not in self.due or not self._is_idle(slot):
+            return
+        since = self.free_since.get(slot.index, 0.0)
+        ready = since + self.config.min_idle_s
+        if self.engine.now < ready:
+            self.engine.at(ready, self._settled, slot, slot.machine, since)
+            return
+        self.due.discard(slot.index)
+        self._start(slot, None)
+
+    def _settled(self, slot: Slot, machine: int | None, since: float) -> None:
+        """Idle since ``since``, if no job came meanwhile (it would have moved the mark)."""
+        if slot.machine == machine and self.free_since.get(slot.index, 0.0) == since:
+            self._try(slot)
 
     @staticmethod
     def _is_idle(slot: Slot) -> bool:
@@ -98,6 +119,8 @@ class DeepSuite:
     def _start(self, slot: Slot, stamp: float | None) -> None:
         engine = self.engine
         engine.stats.deep_runs["schedule" if stamp is None else "verify"] += 1
+        # The run loads the GPUs: the agent measures idleness anew from its end.
+        self.free_since[slot.index] = engine.now + self.config.duration_s
         engine.start_test(slot, self.config.duration_s)
         engine.at(engine.now + self.config.duration_s, self._finish, slot, slot.machine, stamp)
 

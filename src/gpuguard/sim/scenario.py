@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpuguard.config import DeepChecks as AgentDeepChecks
 from gpuguard.config import describe_invalid, read_yaml_mapping
 from gpuguard.errors import ConfigError
 
@@ -127,6 +128,10 @@ class DeepChecks(_Strict):
 
     interval_h: Positive | None = Field(
         default=24.0, description="Run on a node this often, when it is idle (null: never)"
+    )
+    min_idle_s: NonNegative = Field(
+        default=AgentDeepChecks.model_fields["min_idle_s"].default,
+        description="A scheduled run waits for the node to have been free of jobs this long",
     )
     duration_s: Positive = Field(default=90.0, description="The suite's budget plus start-up")
     verify_pickup_s: NonNegative = Field(
