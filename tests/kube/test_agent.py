@@ -27,7 +27,8 @@ from gpuguard.agent.follow import FileFollower
 from gpuguard.agent.metrics import AgentMetrics, serve
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
-from gpuguard.kube.client import NodeApi, load_client
+from gpuguard.kube.client import NodeApi
+from gpuguard.kube.rest import load_api
 from gpuguard.remediation.model import REPORT_ANNOTATION
 from gpuguard.sources import BundleSources, LiveSources, Sources
 from tests.conftest import DATA
@@ -79,7 +80,7 @@ def start_agent(control_plane: ControlPlane) -> Iterator[Callable[..., RunningAg
 
     def start(node: str, sources: Sources, log: Path, **settings: Any) -> RunningAgent:
         config = Config(**{**FAST, **settings})
-        api = NodeApi(load_client(control_plane.admin_kubeconfig))
+        api = NodeApi(load_api(control_plane.admin_kubeconfig))
         agent = Agent(config, sources, default_checks(), FileFollower(log, 0.05), node, api)
         running.append(RunningAgent(agent))
         return running[-1]
@@ -300,7 +301,7 @@ def test_metrics_and_probes(control_plane, node, tmp_path):
     metrics = AgentMetrics()
     port = free_port()
     server = serve(metrics, port, host="127.0.0.1")
-    api = NodeApi(load_client(control_plane.admin_kubeconfig))
+    api = NodeApi(load_api(control_plane.admin_kubeconfig))
     agent = Agent(
         Config(**FAST), sources, default_checks(), FileFollower(log, 0.05), node, api, metrics
     )

@@ -24,7 +24,7 @@ from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.providers import provider_for
-from gpuguard.kube.client import NodeApi, load_client
+from gpuguard.kube.client import NodeApi
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.remediation.policy import Policy
@@ -145,7 +145,7 @@ def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callabl
             default_checks(),
             FileFollower(bundle / "kmsg.log", 0.05),
             name,
-            NodeApi(load_client(control_plane.admin_kubeconfig)),
+            NodeApi(load_api(control_plane.admin_kubeconfig)),
         )
         rest = load_api(control_plane.admin_kubeconfig)
         executor = RepairExecutor(

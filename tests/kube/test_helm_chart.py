@@ -25,8 +25,9 @@ import yaml
 from gpuguard.agent.conditions import OWNED_TYPES
 from gpuguard.agent.daemon import MEMORY_ANNOTATION
 from gpuguard.config import Config, load_config
-from gpuguard.kube.client import NodeApi, load_client
+from gpuguard.kube.client import NodeApi
 from gpuguard.kube.errors import KubeRejected
+from gpuguard.kube.rest import load_api
 from tests.support.cluster import wait_for
 from tests.support.controlplane import REPO, ControlPlane
 
@@ -659,7 +660,7 @@ def test_agent_is_refused_everything_it_does_not_need(agent, method, path, body)
 def agent_api(control_plane: ControlPlane, agent_token: str, agent, tmp_path: Path) -> NodeApi:
     kubeconfig = tmp_path / "agent.kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(control_plane.kubeconfig_for_token(agent_token)))
-    return NodeApi(load_client(kubeconfig))
+    return NodeApi(load_api(kubeconfig))
 
 
 def test_agent_client_calls_succeed_for_its_own_node(control_plane, agent_api):

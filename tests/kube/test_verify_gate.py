@@ -22,7 +22,7 @@ from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
-from gpuguard.kube.client import NodeApi, load_client
+from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
 from gpuguard.remediation.model import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
@@ -83,7 +83,7 @@ def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callabl
             default_checks(),
             FileFollower(bundle / "kmsg.log", 0.05),
             name,
-            NodeApi(load_client(control_plane.admin_kubeconfig)),
+            NodeApi(load_api(control_plane.admin_kubeconfig)),
             deep_check=deep,
             idleness=lambda: Idleness(Activity.BUSY, "never scheduled here"),
         )

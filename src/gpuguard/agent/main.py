@@ -52,10 +52,11 @@ def run_agent(args: argparse.Namespace) -> int:
         raise ConfigError("--node-name (or NODE_NAME) is required to publish conditions")
     # Imported here: the Kubernetes client costs start-up time the other commands skip.
     from gpuguard.agent.repair import BundleRepair, NvidiaSmiRepair, RepairBackend, RepairExecutor
-    from gpuguard.kube.client import NodeApi, load_client
+    from gpuguard.kube.client import NodeApi
     from gpuguard.kube.rest import load_api
 
-    api = NodeApi(load_client(args.kubeconfig))
+    kube = load_api(args.kubeconfig)
+    api = NodeApi(kube)
     metrics = AgentMetrics()
     if config.metrics_port:
         serve(metrics, config.metrics_port)
@@ -68,9 +69,7 @@ def run_agent(args: argparse.Namespace) -> int:
     else:
         smi = config.tools.get("nvidia-smi") or shutil.which("nvidia-smi") or "nvidia-smi"
         backend = NvidiaSmiRepair(smi, config.reboot_command)
-    executor = RepairExecutor(
-        load_api(args.kubeconfig), args.node_name, backend, agent.after_repair
-    )
+    executor = RepairExecutor(kube, args.node_name, backend, agent.after_repair)
     threading.Thread(target=executor.run, args=(stop,), name="repairs", daemon=True).start()
     log.info(
         "gpuguard agent publishing %s conditions for node %s; kernel log: %s",
