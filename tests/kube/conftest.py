@@ -6,11 +6,14 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuguard.controller.loop import Controller
 from gpuguard.kube.rest import KubeApi, load_api
 from tests.support.cluster import finish_terminating_pods, install_crds, scratch_namespace
+from tests.support.controllers import Running, new_controller
 from tests.support.controlplane import REPO, ControlPlane, testenv_bin
 
 
@@ -64,3 +67,19 @@ def helm() -> Callable[..., str]:
         return proc.stderr
 
     return run
+
+
+@pytest.fixture
+def start_controller(api: KubeApi, namespace: str) -> Iterator[Callable[..., Controller]]:
+    """Starts controllers (fast test policy; keyword arguments override policy fields) on
+    threads in the test's namespace; stops them afterwards."""
+    running: list[Running] = []
+
+    def start(provider: str = "karpenter", dry_run: bool = False, **policy: Any) -> Controller:
+        controller = new_controller(api, namespace, provider, dry_run, **policy)
+        running.append(Running(controller.run))
+        return controller
+
+    yield start
+    for item in running:
+        item.halt()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,12 +21,8 @@ from gpuguard.agent.follow import FileFollower
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
-from gpuguard.controller.loop import Controller
-from gpuguard.controller.providers import provider_for
 from gpuguard.kube.client import NodeApi
-from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi, load_api
-from gpuguard.remediation.policy import Policy
 from gpuguard.sources import BundleSources
 from tests.support.cluster import (
     make_node,
@@ -35,79 +30,19 @@ from tests.support.cluster import (
     set_health,
     wait_for,
 )
+from tests.support.controllers import (
+    POOL,
+    Running,
+    append,
+    node,
+    node_name,
+    remediations,
+    status_of,
+    tainted,
+)
 from tests.support.controlplane import ControlPlane
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-POOL = "karpenter.sh/nodepool"
-FAST_POLICY: dict[str, Any] = {
-    "tolerance_s": 0,
-    "clear_after_s": 1,
-    "min_action_interval_s": 0,
-    "drain_timeout_s": 4,
-    "action_timeout_s": 10,
-    "verify_timeout_s": 4,
-    # Tests share one API server: only the storm test may trip the breaker.
-    "breaker": {"min_nodes": 1000},
-}
-XID = "NVRM: Xid (PCI:0000:91:00): {code}, pid='<unknown>', name=<unknown>, {text}\n"
-
-
-class Running:
-    def __init__(self, target: Callable[[threading.Event], None]) -> None:
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=target, args=(self.stop,), daemon=True)
-        self.thread.start()
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(15)
-
-
-@pytest.fixture
-def start_controller(api: KubeApi, namespace: str) -> Iterator[Callable[..., Controller]]:
-    running: list[Running] = []
-
-    def start(provider: str = "karpenter", dry_run: bool = False, **policy: Any) -> Controller:
-        controller = Controller(
-            api,
-            Policy(**{**FAST_POLICY, **policy}),
-            provider_for(provider, api),
-            namespace=namespace,
-            identity=f"test-{uuid.uuid4().hex[:6]}",
-            dry_run=dry_run,
-            resync_s=0.2,
-            lease_s=3,
-            renew_s=1,
-        )
-        running.append(Running(controller.run))
-        return controller
-
-    yield start
-    for item in running:
-        item.halt()
-
-
-def node_name() -> str:
-    return f"gpu-{uuid.uuid4().hex[:8]}"
-
-
-def node(api: KubeApi, name: str) -> dict[str, Any]:
-    return api.get(f"/api/v1/nodes/{name}")
-
-
-def tainted(api: KubeApi, name: str) -> bool:
-    taints = node(api, name).get("spec", {}).get("taints") or []
-    return any(t["key"] == "gpuguard.io/unhealthy" for t in taints)
-
-
-def remediations(api: KubeApi, name: str) -> list[dict[str, Any]]:
-    found = api.list(NODE_REMEDIATIONS.path()).items
-    return [r for r in found if r["spec"]["nodeName"] == name]
-
-
-def status_of(api: KubeApi, name: str) -> dict[str, Any]:
-    (found,) = remediations(api, name)
-    return dict(found.get("status") or {})
 
 
 def nodeclaim(api: KubeApi, node: str) -> str:
@@ -158,11 +93,6 @@ def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callabl
     yield start
     for item in running:
         item.halt()
-
-
-def append(bundle: Path, code: int, text: str) -> None:
-    with (bundle / "kmsg.log").open("a") as handle:
-        handle.write(XID.format(code=code, text=text))
 
 
 def test_xid48_ends_with_a_gpu_reset_and_the_node_back_in_service(

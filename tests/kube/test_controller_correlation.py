@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import time
 
-from tests.kube import test_controller
-from tests.kube.test_controller import POOL, node, node_name, status_of, tainted
 from tests.support.cluster import make_node, make_pod, set_health, wait_for
-
-start_controller = test_controller.start_controller  # the fixture, shared
+from tests.support.controllers import POOL, node, node_name, status_of, tainted
 
 RACK_LABEL = "gpuguard.io/rack"
 EVENTS = "/apis/events.k8s.io/v1/namespaces/default/events"

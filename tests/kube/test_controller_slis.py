@@ -16,8 +16,8 @@ from gpuguard.controller.providers import provider_for
 from gpuguard.controller.slis import parse_selector
 from gpuguard.kube.rest import KubeApi
 from gpuguard.remediation.policy import Policy
-from tests.kube.test_controller import FAST_POLICY, POOL, Running, node_name, tainted
 from tests.support.cluster import make_node, set_health, stamp, wait_for
+from tests.support.controllers import FAST_POLICY, POOL, Running, node_name, tainted
 from tests.support.controlplane import ControlPlane
 
 FLEET = "gpuguard.test/fleet"

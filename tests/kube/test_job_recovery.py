@@ -20,12 +20,10 @@ import yaml
 
 from gpuguard.cli import build_parser
 from gpuguard.controller.loop import Controller
-from gpuguard.controller.providers import provider_for
 from gpuguard.kube.rest import Json, KubeApi, KubeRejected
 from gpuguard.remediation.model import TAINT_KEY
-from gpuguard.remediation.policy import Policy
-from tests.kube.test_controller import FAST_POLICY, Running
 from tests.support.cluster import install_crd, scratch_namespace, set_health, wait_for
+from tests.support.controllers import Running, new_controller
 from tests.support.controlplane import REPO, ControlPlane
 from tests.support.jobsystem import JobSystem, end_pod, make_kwok_node, released_crd
 
@@ -61,17 +59,7 @@ def start_gpuguard(api: KubeApi, jobs: str) -> Iterator[Callable[[], Controller]
     def start() -> Controller:
         # A long action timeout: nothing answers the reboot request, and the episode
         # should stay put (drained, cordoned) while the test watches the Job.
-        policy = Policy(**{**FAST_POLICY, "action_timeout_s": 600})
-        controller = Controller(
-            api,
-            policy,
-            provider_for("karpenter", api),
-            namespace=jobs,
-            identity=f"test-{uuid.uuid4().hex[:6]}",
-            resync_s=0.2,
-            lease_s=3,
-            renew_s=1,
-        )
+        controller = new_controller(api, jobs, action_timeout_s=600)
         running.append(Running(controller.run))
         return controller
 

@@ -27,22 +27,12 @@ from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
 from gpuguard.remediation.model import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.sources import BundleSources
-from tests.kube import test_controller
-from tests.kube.test_controller import (
-    POOL,
-    Running,
-    append,
-    node,
-    node_name,
-    status_of,
-    tainted,
-)
 from tests.support.cluster import make_node, wait_for
+from tests.support.controllers import POOL, Running, append, node, node_name, status_of, tainted
 from tests.support.controlplane import ControlPlane
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GATE = {"verify": {"enabled": True, "timeout_s": 60, "rungs": ["RESET_GPU"]}}
-start_controller = test_controller.start_controller  # the fixture, shared
 DBE = "An uncorrectable double bit error (DBE) has been detected on GPU"
 
 

@@ -1,0 +1,87 @@
+"""The remediation controller in tests: a fast policy, a controller running on a thread,
+and the questions the tests ask of the cluster about a node."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuguard.controller.loop import Controller
+from gpuguard.controller.providers import provider_for
+from gpuguard.kube.remediations import NODE_REMEDIATIONS
+from gpuguard.kube.rest import KubeApi
+from gpuguard.remediation.policy import Policy
+
+POOL = "karpenter.sh/nodepool"
+FAST_POLICY: dict[str, Any] = {
+    "tolerance_s": 0,
+    "clear_after_s": 1,
+    "min_action_interval_s": 0,
+    "drain_timeout_s": 4,
+    "action_timeout_s": 10,
+    "verify_timeout_s": 4,
+    # Tests share one API server: only the storm test may trip the breaker.
+    "breaker": {"min_nodes": 1000},
+}
+
+
+class Running:
+    def __init__(self, target: Callable[[threading.Event], None]) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=target, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(15)
+
+
+def new_controller(
+    api: KubeApi, namespace: str, provider: str = "karpenter", dry_run: bool = False, **policy: Any
+) -> Controller:
+    """A controller with the fast test policy (``policy`` overrides its fields)."""
+    return Controller(
+        api,
+        Policy(**{**FAST_POLICY, **policy}),
+        provider_for(provider, api),
+        namespace=namespace,
+        identity=f"test-{uuid.uuid4().hex[:6]}",
+        dry_run=dry_run,
+        resync_s=0.2,
+        lease_s=3,
+        renew_s=1,
+    )
+
+
+def node_name() -> str:
+    return f"gpu-{uuid.uuid4().hex[:8]}"
+
+
+def node(api: KubeApi, name: str) -> dict[str, Any]:
+    return api.get(f"/api/v1/nodes/{name}")
+
+
+def tainted(api: KubeApi, name: str) -> bool:
+    taints = node(api, name).get("spec", {}).get("taints") or []
+    return any(t["key"] == "gpuguard.io/unhealthy" for t in taints)
+
+
+def remediations(api: KubeApi, name: str) -> list[dict[str, Any]]:
+    found = api.list(NODE_REMEDIATIONS.path()).items
+    return [r for r in found if r["spec"]["nodeName"] == name]
+
+
+def status_of(api: KubeApi, name: str) -> dict[str, Any]:
+    (found,) = remediations(api, name)
+    return dict(found.get("status") or {})
+
+
+XID = "NVRM: Xid (PCI:0000:91:00): {code}, pid='<unknown>', name=<unknown>, {text}\n"
+
+
+def append(bundle: Path, code: int, text: str) -> None:
+    with (bundle / "kmsg.log").open("a") as handle:
+        handle.write(XID.format(code=code, text=text))
