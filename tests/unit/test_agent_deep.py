@@ -368,3 +368,18 @@ def test_hung_suite_fails_the_gpu_layer_closed_and_the_kernel_log_keeps_flowing(
     finally:
         release.set()
         stop.set()
+
+
+def test_an_agent_that_never_runs_the_suite_does_not_load_its_numpy():
+    """The deep suite's modules (and NumPy, ~15 MB resident) load when it first runs, not
+    with the agent: most agents run it rarely or never."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, gpuguard.agent.main, gpuguard.agent.daemon, gpuguard.kube.client;"
+        "from gpuguard.checks.load.checks import DeepGpuCheck; DeepGpuCheck();"
+        "print(sorted(m for m in ('numpy', 'gpuguard.checks.load.measure') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

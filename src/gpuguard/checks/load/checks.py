@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuguard.checks.base import Check, CheckContext
-from gpuguard.checks.load.backend import Backend
-from gpuguard.checks.load.figures import FigureTable, load_table
-from gpuguard.checks.load.judge import judge
-from gpuguard.checks.load.measure import Suite
 from gpuguard.checks.load.nic_loopback import DeepNetworkCheck
-from gpuguard.checks.load.telemetry import LoadTelemetry
 from gpuguard.config import DEEP_TIMEOUT_MARGIN_S
 from gpuguard.errors import CheckFailed, NotApplicable, ToolMissing
 from gpuguard.model import Finding, Layer
+
+if TYPE_CHECKING:
+    from gpuguard.checks.load.backend import Backend
+    from gpuguard.checks.load.figures import FigureTable
 
 
 class DeepGpuCheck:
@@ -31,6 +30,13 @@ class DeepGpuCheck:
         self._table = table
 
     def run(self, ctx: CheckContext) -> list[Finding]:
+        # Imported here: the suite's NumPy and the table cost an idle agent ~15 MB, and
+        # most agents run the suite rarely or never.
+        from gpuguard.checks.load.figures import load_table
+        from gpuguard.checks.load.judge import judge
+        from gpuguard.checks.load.measure import Suite
+        from gpuguard.checks.load.telemetry import LoadTelemetry
+
         if not ctx.sources.live:
             raise ToolMissing("the deep checks run on the live node only, not on a bundle")
         backend = self._backend if self._backend is not None else _torch_backend()
