@@ -257,12 +257,29 @@ class ControlPlane:
     def request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> Any:
-        """An admin API call (for test set-up); returns the decoded JSON answer."""
+        """An admin API call (for test set-up); returns the decoded JSON answer.
+
+        A transport failure (a broken TLS record, a reset connection) is retried on a new
+        connection, twice: set-up is not what the tests assert on. A create retried after
+        the server did act on the first try answers 409; the object is then read back.
+        """
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method)
-        req.add_header("Content-Type", content_type)
-        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=10) as response:
-            return json.loads(response.read() or b"null")
+        for attempt in range(3):
+            req = urllib.request.Request(f"{self.url}{path}", data=data, method=method)
+            req.add_header("Content-Type", content_type)
+            try:
+                with urllib.request.urlopen(req, context=self.ssl_context(), timeout=10) as answer:
+                    return json.loads(answer.read() or b"null")
+            except urllib.error.HTTPError as exc:
+                name = (body or {}).get("metadata", {}).get("name") if method == "POST" else None
+                if attempt and exc.code == 409 and name:
+                    return self.request("GET", f"{path}/{name}")
+                raise
+            except (ssl.SSLError, ConnectionError, urllib.error.URLError):
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
 
     def service_account_token(self, namespace: str, name: str, bound_pod: str | None = None) -> str:
         """A token for a ServiceAccount (bound to a Pod, and so to its node, if given)."""
