@@ -25,7 +25,7 @@ from gpuguard.controller.observe import project_node
 from gpuguard.controller.providers import Provider
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
 from gpuguard.kube import drain
-from gpuguard.kube.errors import KubeError
+from gpuguard.kube.errors import KubeError, KubeRejected
 from gpuguard.kube.fleet import slim_node
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
@@ -46,6 +46,7 @@ from gpuguard.remediation.policy import Policy
 log = logging.getLogger("gpuguard.controller")
 LEASE_NAME = "gpuguard-controller"
 RETRY_S = 2.0
+REFUSED_RETRY_MAX_S = 300.0
 KEEP_CLOSED_S = 30 * 86400.0  # closed episodes are the audit trail: a month by default
 COLLECT_EVERY_S = 3600.0
 
@@ -162,13 +163,23 @@ class Controller:
         take: Callable[[Snapshot | WatchEvent], str],
     ) -> None:
         version = ""
+        refused = 0  # refusals in a row: RBAC missing from an older chart, say
         while not stop.is_set():
             try:
                 for item in list_then_watch(
                     self.api, path, project=project, resource_version=version, stop=stop
                 ):
                     version = take(item) or version
+                    refused = 0
+            except KubeRejected as exc:
+                # Retrying every 2 s will not grant a permission: back off to 5 minutes
+                # and say it once per streak, not every try.
+                if not refused:
+                    log.warning("watch of %s refused, retrying with backoff: %s", path, exc)
+                refused += 1
+                stop.wait(min(RETRY_S * 2**refused, REFUSED_RETRY_MAX_S))
             except KubeError as exc:
+                refused = 0
                 log.warning("watch of %s broken, resuming: %s", path, exc)
                 stop.wait(RETRY_S)
 
