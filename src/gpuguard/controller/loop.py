@@ -87,7 +87,7 @@ class Controller:
         self.metrics.registry.register(self.slis)
         self.clock = clock
         # Never shorter than the history the policy reads (lemons, breaker).
-        self.keep_closed_s = max(keep_closed_s, policy.lemon_window_s, policy.breaker.window_s)
+        self.keep_closed_s = max(keep_closed_s, policy.history_s)
         self._collected_at = float("-inf")
         self.resync_s = resync_s
         self.elector = LeaderElector(
@@ -300,7 +300,7 @@ class Controller:
 
     def _history_horizon(self) -> float:
         """Closed episodes older than this matter to no policy rule (lemons, breaker)."""
-        return self.clock() - max(self.policy.lemon_window_s, self.policy.breaker.window_s)
+        return self.clock() - self.policy.history_s
 
     def _observe_metrics(
         self, plan: Plan, observations: dict[str, NodeObservation], now: float

@@ -209,6 +209,12 @@ class Policy(_Strict):
     def attempts_allowed(self, rung: Action) -> int:
         return self.max_attempts.get(rung.name, 0)
 
+    @property
+    def history_s(self) -> float:
+        """How far back closed episodes matter to any rule (lemons, the breaker): what a
+        caller of ``decide`` must keep in the history it passes."""
+        return max(self.lemon_window_s, self.breaker.window_s)
+
     def tolerance_for(self, codes: tuple[str, ...]) -> float:
         """How long one False layer must last: its most urgent code wins.
 

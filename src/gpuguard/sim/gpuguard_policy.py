@@ -275,7 +275,7 @@ class GpuguardPolicy:
         self.episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
         for episode in closed:
             self.results.pop(episode.node, None)
-        horizon = now - max(self.policy.lemon_window_s, self.policy.breaker.window_s)
+        horizon = now - self.policy.history_s
         self.history.add(closed)
         self.history.forget_before(horizon)
         if plan.breaker.open and not self.breaker.open:
