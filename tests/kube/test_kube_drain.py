@@ -18,19 +18,13 @@ from typing import Any
 import pytest
 
 from gpuguard.kube import drain
-from gpuguard.kube.rest import PODS, KubeApi, load_api
+from gpuguard.kube.rest import PODS, KubeApi
 from gpuguard.remediation.model import GPU_IDS_ANNOTATION
 from tests.support.controlplane import ControlPlane
 
 BAD_GPU = "0000:91:00.0"
 MERGE = "application/merge-patch+json"
 HOLD = "gpuguard.io/test-hold"
-
-
-@pytest.fixture
-def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
-    with load_api(control_plane.admin_kubeconfig) as client:
-        yield client
 
 
 @pytest.fixture

@@ -8,19 +8,12 @@ from collections.abc import Iterator
 import pytest
 
 from gpuguard.kube import fleet
-from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.remediation.model import CORDONED_BY_US_ANNOTATION, TAINT_KEY
 from tests.support.controlplane import ControlPlane
 
 FOREIGN = {"key": "example.com/maintenance", "value": "yes", "effect": "NoExecute"}
 OUR_KEY_OTHER_EFFECT = {"key": TAINT_KEY, "effect": "PreferNoSchedule"}
 OURS = {"key": TAINT_KEY, "effect": "NoSchedule"}
-
-
-@pytest.fixture
-def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
-    with load_api(control_plane.admin_kubeconfig) as client:
-        yield client
 
 
 @pytest.fixture
