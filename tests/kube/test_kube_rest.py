@@ -256,3 +256,87 @@ def wait_until(predicate, what: str, timeout_s: float = 15.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# --- ending watches that other threads are blocked in -----------------------------------
+def start_watch(api: KubeApi, namespace: str, stop: threading.Event | None = None):
+    outcome: dict[str, object] = {"events": 0}
+
+    def follow() -> None:
+        try:
+            for _ in api.watch(
+                CONFIGMAPS.path(namespace=namespace),
+                resource_version="0",
+                timeout_s=120,
+                stop=stop,
+            ):
+                outcome["events"] = int(outcome["events"]) + 1  # type: ignore[call-overload]
+        except KubeUnavailable as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def blocked_watch(api: KubeApi, namespace: str, stop: threading.Event | None = None):
+    """A thread blocked in a quiet watch (nothing changes in ``namespace``) and what it
+    ended with: the number of events it saw and the error that ended it."""
+    thread, outcome = start_watch(api, namespace, stop)
+    time.sleep(0.5)  # in its read by now
+    assert thread.is_alive()
+    return thread, outcome
+
+
+def test_close_ends_blocked_watches_before_freeing_their_sockets(control_plane, namespace):
+    # A closed client used to free the descriptors of connections whose watches were still
+    # blocked reading; the next client got the same numbers and the orphaned readers ate
+    # its TLS records ("bad record mac" in an unrelated request). Now close() wakes them
+    # first and the next client's requests all succeed.
+    for _ in range(5):
+        old = load_api(control_plane.admin_kubeconfig)
+        watchers = [blocked_watch(old, namespace) for _ in range(3)]
+        started = time.monotonic()
+        old.close()
+        for thread, outcome in watchers:
+            thread.join(3)
+            assert not thread.is_alive(), "a watch outlived close() by 3 s"
+            assert isinstance(outcome["error"], KubeUnavailable)
+        assert time.monotonic() - started < 3
+        with load_api(control_plane.admin_kubeconfig) as new:
+            for i in range(20):
+                name = f"after-close-{i}"
+                new.create(CONFIGMAPS.path(namespace=namespace), configmap(name))
+                new.delete(CONFIGMAPS.path(name, namespace=namespace))
+    with pytest.raises(KubeUnavailable, match="client is closed"):
+        old.get(NODES.path())
+
+
+def test_end_watches_ends_only_the_watches_of_that_stop_event(api, namespace):
+    mine, others = threading.Event(), threading.Event()
+    stopped_thread, stopped = blocked_watch(api, namespace, mine)
+    going_thread, going = blocked_watch(api, namespace, others)
+
+    mine.set()
+    api.end_watches(mine)
+    stopped_thread.join(2)
+    assert not stopped_thread.is_alive()
+    assert isinstance(stopped["error"], KubeUnavailable)
+
+    # The other watch still reads: a change in the namespace reaches it.
+    api.create(CONFIGMAPS.path(namespace=namespace), configmap("seen"))
+    deadline = time.monotonic() + 5
+    while going["events"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert going["events"] == 1
+    assert going_thread.is_alive()
+
+    # A watch started after its stop event was ended ends at once, not after its timeout.
+    late_thread, late = start_watch(api, namespace, mine)
+    late_thread.join(2)
+    assert not late_thread.is_alive()
+    assert isinstance(late["error"], KubeUnavailable)
+    others.set()
+    api.end_watches(others)
+    going_thread.join(2)
+    assert not going_thread.is_alive()

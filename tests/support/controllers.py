@@ -37,6 +37,8 @@ class Running:
     def halt(self) -> None:
         self.stop.set()
         self.thread.join(15)
+        # A controller left running would share the next test's client and budget.
+        assert not self.thread.is_alive(), "the controller did not stop within 15 s"
 
 
 def new_controller(

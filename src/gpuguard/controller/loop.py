@@ -47,6 +47,7 @@ log = logging.getLogger("gpuguard.controller")
 LEASE_NAME = "gpuguard-controller"
 RETRY_S = 2.0
 REFUSED_RETRY_MAX_S = 300.0
+WATCH_JOIN_S = 5.0  # a watch ended by end_watches leaves its read at once
 KEEP_CLOSED_S = 30 * 86400.0  # closed episodes are the audit trail: a month by default
 COLLECT_EVERY_S = 3600.0
 
@@ -110,16 +111,20 @@ class Controller:
 
     # --- running ------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        for what, path, project, take in (
-            ("nodes", NODES.path(), slim_node, self._take),
-            ("jobs", JOBS.path(), slim_job, self._take_jobs),
-        ):
+        watches = [
             threading.Thread(
                 target=self._follow,
                 args=(stop, path, project, take),
                 name=f"watch-{what}",
                 daemon=True,
-            ).start()
+            )
+            for what, path, project, take in (
+                ("nodes", NODES.path(), slim_node, self._take),
+                ("jobs", JOBS.path(), slim_job, self._take_jobs),
+            )
+        ]
+        for thread in watches:
+            thread.start()
         start_leader_election(
             self.elector, stop, on_started_leading=self._lead, on_stopped_leading=self._step_down
         )
@@ -136,9 +141,12 @@ class Controller:
                 self._episodes = None
                 log.warning("reconcile failed, retrying in %.0fs: %s", RETRY_S, exc)
                 stop.wait(RETRY_S)
+        for thread in watches:  # ended by _wake_on_stop; none is left reading the client
+            thread.join(WATCH_JOIN_S)
 
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
+        self.api.end_watches(stop)
         self._wake.set()
 
     def _lead(self) -> None:

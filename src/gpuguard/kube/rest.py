@@ -14,7 +14,10 @@ defined in :mod:`gpuguard.kube.api_errors` and importable from here).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,7 @@ from gpuguard.kube.api_errors import (
     status_error,
 )
 from gpuguard.kube.errors import KubeRejected, KubeUnavailable
+from gpuguard.kube.inflight import InFlight
 
 __all__ = [  # the errors are re-exported: callers import everything from here
     "LEASES",
@@ -57,6 +61,8 @@ __all__ = [  # the errors are re-exported: callers import everything from here
     "WatchEvent",
     "load_api",
 ]
+
+log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 PatchKind = Literal["merge", "strategic", "json"]
@@ -141,13 +147,26 @@ def load_api(
 
 
 class KubeApi:
-    """get / list / watch / create / replace / patch / delete on API paths, as dicts."""
+    """get / list / watch / create / replace / patch / delete on API paths, as dicts.
+
+    One client may be shared by many threads, and closed while some of them wait in a
+    watch: they end with :class:`KubeUnavailable` (see :mod:`gpuguard.kube.inflight`)."""
 
     def __init__(self, http: httpx2.Client) -> None:
         self._http = http
+        self._inflight = InFlight()
 
     def close(self) -> None:
-        self._http.close()
+        """End open watches, wait for requests in flight, then close the connections."""
+        if self._inflight.close():
+            self._http.close()
+        else:
+            # Closing under a reader would hand its descriptor to the next connection.
+            log.warning("a Kubernetes request outlived close(); its connections stay open")
+
+    def end_watches(self, stop: threading.Event) -> None:
+        """End, at once, the watches started with ``stop`` (set it first); others go on."""
+        self._inflight.end_streams(stop)
 
     def __enter__(self) -> KubeApi:
         return self
@@ -222,10 +241,12 @@ class KubeApi:
         label_selector: str = "",
         field_selector: str = "",
         timeout_s: int = WATCH_TIMEOUT_S,
+        stop: threading.Event | None = None,
     ) -> Iterator[WatchEvent]:
         """Stream changes after ``resource_version``, bookmarks included, until the server
         ends the watch (about ``timeout_s``). An ``ERROR`` line is raised as its status:
-        :class:`KubeExpired` means the version is gone and the caller must list again."""
+        :class:`KubeExpired` means the version is gone and the caller must list again.
+        :meth:`end_watches` with ``stop`` ends it at once with :class:`KubeUnavailable`."""
         params = {
             **_selectors(label_selector, field_selector),
             "watch": "1",
@@ -234,11 +255,24 @@ class KubeApi:
             "timeoutSeconds": str(timeout_s),
         }
         timeout = httpx2.Timeout(REQUEST_TIMEOUT_S, read=timeout_s + REQUEST_TIMEOUT_S)
+        what = f"watch {path}"
         try:
-            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
+            with contextlib.ExitStack() as open_stream:
+                with self._inflight.busy(what):
+                    response = open_stream.enter_context(
+                        self._http.stream("GET", path, params=params, timeout=timeout)
+                    )
+                open_stream.enter_context(self._inflight.stream(_socket_of(response), stop))
                 if response.status_code >= 400:
-                    raise status_error(response.status_code, response.read())
-                for line in response.iter_lines():
+                    with self._inflight.busy(what):
+                        body = response.read()
+                    raise status_error(response.status_code, body)
+                lines = response.iter_lines()
+                while True:
+                    with self._inflight.busy(what):
+                        line = next(lines, None)
+                    if line is None:
+                        return
                     if not line.strip():
                         continue
                     event = json.loads(line)
@@ -247,7 +281,7 @@ class KubeApi:
                         raise error_for(int(status.get("code") or 500), status)
                     yield WatchEvent(str(event.get("type")), event.get("object") or {})
         except (httpx2.HTTPError, OSError) as exc:
-            raise KubeUnavailable(f"watch {path}: {type(exc).__name__}: {exc}") from None
+            raise KubeUnavailable(f"{what}: {type(exc).__name__}: {exc}") from None
 
     def _call(
         self,
@@ -265,14 +299,15 @@ class KubeApi:
         if content is not None:
             headers["Content-Type"] = content_type
         try:
-            response = self._http.request(
-                method,
-                path,
-                params=params,
-                content=content,
-                headers=headers,
-                timeout=httpx2.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
-            )
+            with self._inflight.busy(f"{method} {path}"):
+                response = self._http.request(
+                    method,
+                    path,
+                    params=params,
+                    content=content,
+                    headers=headers,
+                    timeout=httpx2.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
+                )
         except (httpx2.HTTPError, OSError) as exc:
             raise KubeUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 400:
@@ -281,6 +316,12 @@ class KubeApi:
             return decode(response.content)
         answer = json.loads(response.content) if response.content else {}
         return answer if isinstance(answer, dict) else {"value": answer}
+
+
+def _socket_of(response: httpx2.Response) -> object:
+    """The socket under a streamed response (HTTP/1.1), or None."""
+    stream = response.extensions.get("network_stream")
+    return None if stream is None else stream.get_extra_info("socket")
 
 
 def _selectors(label_selector: str, field_selector: str) -> dict[str, str]:

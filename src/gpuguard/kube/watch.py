@@ -41,7 +41,8 @@ def list_then_watch(
     connection broke: :class:`~gpuguard.kube.errors.KubeUnavailable` ends the iterator and
     the caller may call again with the last version it saw). ``stop`` is checked between
     events and between watch requests, which the server ends every ``watch_timeout_s``; to
-    stop at once, set ``stop`` and close ``api`` (the broken read then ends quietly).
+    stop at once, set ``stop`` and call ``api.end_watches(stop)`` (or close ``api``): the
+    broken read then ends quietly.
     """
 
     def stopped() -> bool:
@@ -66,6 +67,7 @@ def list_then_watch(
                 label_selector=label_selector,
                 field_selector=field_selector,
                 timeout_s=watch_timeout_s,
+                stop=stop,
             ):
                 version = event.resource_version or version
                 if event.type != "BOOKMARK":
@@ -78,5 +80,5 @@ def list_then_watch(
             yield snapshot
         except KubeUnavailable:
             if stopped():
-                return  # the caller closed the client to end a blocked read at once
+                return  # the caller ended the blocked read on purpose
             raise
