@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -28,6 +29,7 @@ from gpuguard.config import Config, load_config
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.errors import KubeRejected
 from gpuguard.kube.rest import load_api
+from gpuguard.remediation.model import VERIFY_REQUEST_ANNOTATION
 from tests.support.cluster import wait_for
 from tests.support.controlplane import REPO, ControlPlane
 
@@ -698,6 +700,36 @@ def test_agent_client_calls_succeed_for_its_own_node(control_plane, agent_api):
     assert any(
         e["regarding"]["name"] == NODE_A and e["reason"] == "LinkRateDegraded"
         for e in events["items"]
+    )
+
+
+def test_agent_client_watches_its_own_node_for_verify_requests(control_plane, agent_api):
+    stop = threading.Event()
+    seen: list[dict[str, str]] = []
+
+    def follow() -> None:
+        seen.extend(agent_api.watch_annotations(NODE_A, stop))
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    wait_for(lambda: seen, 10, "the Node as it is now")
+    assert VERIFY_REQUEST_ANNOTATION not in seen[0]
+    control_plane.request(
+        "PATCH",
+        f"/api/v1/nodes/{NODE_A}",
+        {"metadata": {"annotations": {VERIFY_REQUEST_ANNOTATION: "2026-11-29T12:00:00Z"}}},
+        MERGE,
+    )
+    wait_for(lambda: VERIFY_REQUEST_ANNOTATION in seen[-1], 10, "the controller's request")
+    stop.set()
+    agent_api.end_watches(stop)
+    thread.join(3)
+    assert not thread.is_alive(), "end_watches did not end the watch"
+    control_plane.request(
+        "PATCH",
+        f"/api/v1/nodes/{NODE_A}",
+        {"metadata": {"annotations": {VERIFY_REQUEST_ANNOTATION: None}}},
+        MERGE,
     )
 
 

@@ -60,12 +60,15 @@ class HeldDeepCheck:
 def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Path]]:
     running: list[Running] = []
 
-    def start(name: str, deep: HeldDeepCheck) -> Path:
+    def start(name: str, deep: HeldDeepCheck, heartbeat_interval_s: float = 1) -> Path:
         bundle = tmp_path / name
         shutil.copytree(EXAMPLES / "healthy-h100", bundle)
         (bundle / "boot_id").write_text(f"boot-{uuid.uuid4()}\n")
         config = Config(
-            check_interval_s=0.5, heartbeat_interval_s=1, metrics_port=0, expected_gpus=1
+            check_interval_s=0.5,
+            heartbeat_interval_s=heartbeat_interval_s,
+            metrics_port=0,
+            expected_gpus=1,
         )
         agent = Agent(
             config,
@@ -145,3 +148,23 @@ def test_failed_verify_escalates_instead_of_returning_the_node(api, start_agent,
     assert "deep verify after RESET_GPU attempt 1 failed: DEEP_MATMUL_SLOW" in json.dumps(rung)
     assert tainted(api, name) and not status_of(api, name).get("resolution")
     assert report(api, name)["verify"]["codes"] == ["DEEP_MATMUL_SLOW"]
+
+
+def test_agent_sees_a_verify_request_at_once_not_at_its_next_heartbeat(api, start_agent):
+    # Hours between heartbeats: only the agent's watch of its Node can see the request.
+    deep = HeldDeepCheck()
+    deep.release.set()
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    start_agent(name, deep, heartbeat_interval_s=3600)
+    wait_for(lambda: node(api, name)["status"]["conditions"], what="the agent's first report")
+    stamp = "2026-11-29T12:00:00Z"
+    requested = time.monotonic()
+    api.patch(
+        f"/api/v1/nodes/{name}", {"metadata": {"annotations": {VERIFY_REQUEST_ANNOTATION: stamp}}}
+    )
+    wait_for(lambda: deep.started.is_set(), 10, "the requested verify to start")
+    assert time.monotonic() - requested < 5
+    answer = wait_for(lambda: report(api, name).get("verify"), 10, "the answer in the report")
+    assert answer["requestedAt"] == stamp and answer["passed"] is True
+    assert deep.runs == 1

@@ -1,7 +1,8 @@
 """``gpuguard agent``: checks on a schedule, the kernel log followed, conditions published.
 
-Four kinds of thread: one loop per scheduled check, one kernel-log follower, the deep
-check (``deep.py``: rare, long, only on idle GPUs or on request), and the publisher (the
+Five kinds of thread: one loop per scheduled check, one kernel-log follower, the deep
+check (``deep.py``: rare, long, only on idle GPUs or on request), a watch of the own Node
+for the controller's verify requests (``verify_requests.py``), and the publisher (the
 caller's thread). They share one state object; the publisher wakes on every
 change, so a new Xid line reaches the Node in about a second. Nothing is published before
 every check has run once: a restarted agent never reports a known-bad node healthy
@@ -30,6 +31,7 @@ from gpuguard.agent.deep import DeepRun, DeepSchedule, Idleness, nvml_idleness
 from gpuguard.agent.follow import Follower
 from gpuguard.agent.kernel_state import KernelState, decode_memory, encode_memory, lasting
 from gpuguard.agent.metrics import AgentMetrics
+from gpuguard.agent.verify_requests import follow_verify_requests
 from gpuguard.checks.base import Check, CheckContext
 from gpuguard.checks.load.checks import DeepGpuCheck
 from gpuguard.config import Config
@@ -49,6 +51,7 @@ MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"
 CONTROLLER = "gpuguard.io/agent"
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 FOLLOW_RETRY_S = 5.0
+WATCH_JOIN_S = 5.0
 
 
 @dataclass
@@ -127,7 +130,15 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         """Observe and publish until ``stop`` is set. Never raises on API errors."""
+        assert self.api is not None
         self.start_observers(stop)
+        requests = threading.Thread(
+            target=follow_verify_requests,
+            args=(self.api, self.node_name, self._deep.request_verify, stop),
+            name="verify-requests",
+            daemon=True,
+        )
+        requests.start()
         threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
         backoff = BACKOFF_MIN_S
         while not stop.is_set():
@@ -147,9 +158,12 @@ class Agent:
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
                 continue
             self._changed.wait(wait)
+        requests.join(WATCH_JOIN_S)  # ended by _wake_on_stop: none left reading the client
 
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
+        if self.api is not None:
+            self.api.end_watches(stop)
         self._changed.set()
         for kick in self._kicks:
             kick.set()

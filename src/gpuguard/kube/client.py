@@ -9,11 +9,12 @@ project has one way to talk to the API server; errors arrive as
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpuguard.kube.errors import NodeView
-from gpuguard.kube.rest import NODES, KubeApi, Resource
+from gpuguard.kube.errors import KubeUnavailable, NodeView
+from gpuguard.kube.rest import NODES, KubeApi, KubeExpired, Resource
 
 EVENTS = Resource("/apis/events.k8s.io/v1", "events", namespaced=True)
 EVENT_NAMESPACE = "default"  # Node is cluster-scoped; kubectl describe node looks here
@@ -45,6 +46,37 @@ class NodeApi:
             conditions=conditions,
             annotations=dict(metadata.get("annotations") or {}),
         )
+
+    def watch_annotations(self, name: str, stop: threading.Event) -> Iterator[dict[str, str]]:
+        """The Node's annotations now, then after each change, until ``stop`` is set and
+        :meth:`end_watches` called (the iterator then just ends). A broken connection
+        raises :class:`~gpuguard.kube.errors.KubeUnavailable`; the caller retries.
+
+        Only ``watch`` is needed, not ``list``: a watch from version "0" starts with the
+        object as it is now."""
+        version = "0"
+        while not stop.is_set():
+            try:
+                for event in self._api.watch(
+                    NODES.path(),
+                    resource_version=version,
+                    field_selector=f"metadata.name={name}",
+                    stop=stop,
+                ):
+                    version = event.resource_version or version
+                    if event.type in ("ADDED", "MODIFIED"):
+                        metadata = event.object.get("metadata") or {}
+                        yield dict(metadata.get("annotations") or {})
+            except KubeExpired:
+                version = "0"
+            except KubeUnavailable:
+                if stop.is_set():
+                    return
+                raise
+
+    def end_watches(self, stop: threading.Event) -> None:
+        """End the watches started with ``stop`` (already set) at once."""
+        self._api.end_watches(stop)
 
     def patch_conditions(
         self, name: str, conditions: list[dict[str, Any]], remove: list[str]

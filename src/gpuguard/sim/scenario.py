@@ -135,7 +135,7 @@ class DeepChecks(_Strict):
     )
     duration_s: Positive = Field(default=90.0, description="The suite's budget plus start-up")
     verify_pickup_s: NonNegative = Field(
-        default=90.0, description="Until the agent reads a verify request (half a heartbeat)"
+        default=1.0, description="Until the agent sees a verify request (it watches its Node)"
     )
     sdc_detection_probability: Share = 0.5
     fail_slow_detection_probability: Share = 0.9
