@@ -360,9 +360,9 @@ def test_controller_cluster_role_follows_provider_and_dry_run(helm, values):
 def test_agent_cluster_role_reads_remediations_and_writes_their_status(helm):
     granted = verbs_by_resource(find(render(helm), "ClusterRole", FULLNAME))
     assert granted == {
-        "/nodes": {"get", "patch"},
+        "/nodes": {"get", "watch", "patch"},
         "/nodes/status": {"patch"},
-        "gpuguard.io/noderemediations": {"get", "list"},
+        "gpuguard.io/noderemediations": {"get", "list", "watch"},
         "gpuguard.io/noderemediations/status": {"patch"},
     }
 

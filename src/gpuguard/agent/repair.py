@@ -5,6 +5,11 @@ episode's NodeRemediation; the agent on that node performs it once per attempt a
 the result back into the same object. After a GPU reset the kernel-log faults of those GPUs
 are considered handled and every check runs again at once, so the controller's verify step
 sees a fresh report within seconds.
+
+The agent watches its node's NodeRemediations (field selector ``spec.nodeName``) and reads
+them when one changes, plus once a minute in case an event was missed: a fleet of 5,000
+agents polling every 2 s would be 2,500 lists a second on the API server. Where RBAC
+refuses the watch (an older chart) it says so once and polls every ``POLL_S`` instead.
 """
 
 from __future__ import annotations
@@ -17,14 +22,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from gpuguard.kube.errors import KubeError
-from gpuguard.kube.remediations import ActionRequest, pending_request_for, report_result
-from gpuguard.kube.rest import KubeApi
+from gpuguard.kube.errors import KubeError, KubeRejected
+from gpuguard.kube.remediations import (
+    NODE_REMEDIATIONS,
+    ActionRequest,
+    pending_request_for,
+    report_result,
+)
+from gpuguard.kube.rest import Json, KubeApi
+from gpuguard.kube.watch import list_then_watch
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult
 
 log = logging.getLogger("gpuguard.agent")
-POLL_S = 2.0
+POLL_S = 2.0  # without the watch; also while a result waits to be written again
+RESYNC_S = 60.0  # with the watch: a read now and then, in case an event was missed
+RETRY_S = 2.0  # before resuming a broken watch
+JOIN_S = 5.0
 RESET_TIMEOUT_S = 120.0
 
 
@@ -100,14 +114,61 @@ class RepairExecutor:
         self.after_repair = after_repair
         self.clock = clock
         self._done: set[tuple[str, str, int]] = set()
+        self._unsent: dict[tuple[str, str, int], ActionResult] = {}
 
     def run(self, stop: threading.Event) -> None:
+        wake = threading.Event()  # a change to this node's NodeRemediations, or the stop
+        watching = threading.Event()  # the watch is up: reads can be rare
+        follower = threading.Thread(
+            target=self._follow, args=(stop, wake, watching), name="repair-requests", daemon=True
+        )
+        follower.start()
+        threading.Thread(target=self._wake_on_stop, args=(stop, wake), daemon=True).start()
         while not stop.is_set():
+            wake.clear()
             try:
                 self.poll_once()
             except KubeError as exc:
                 log.warning("reading repair requests failed: %s", exc)
-            stop.wait(POLL_S)
+            rare = watching.is_set() and not self._unsent
+            wake.wait(RESYNC_S if rare else POLL_S)
+        follower.join(JOIN_S)
+
+    def _wake_on_stop(self, stop: threading.Event, wake: threading.Event) -> None:
+        stop.wait()
+        self.api.end_watches(stop)
+        wake.set()
+
+    def _follow(
+        self, stop: threading.Event, wake: threading.Event, watching: threading.Event
+    ) -> None:
+        """Wake the executor on every change to this node's NodeRemediations."""
+        version = ""
+        while not stop.is_set():
+            try:
+                for item in list_then_watch(
+                    self.api,
+                    NODE_REMEDIATIONS.path(),
+                    field_selector=f"spec.nodeName={self.node_name}",
+                    project=_version_only,
+                    resource_version=version,
+                    stop=stop,
+                ):
+                    version = item.resource_version or version
+                    watching.set()
+                    wake.set()
+            except KubeRejected as exc:
+                watching.clear()
+                log.warning(
+                    "cannot watch repair requests (%s): reading them every %.0f s instead",
+                    exc,
+                    POLL_S,
+                )
+                return
+            except KubeError as exc:
+                watching.clear()
+                log.info("watch of repair requests broken, resuming: %s", exc)
+                stop.wait(RETRY_S)
 
     def poll_once(self) -> ActionResult | None:
         """Perform the pending request, if any; each (object, action, attempt) only once."""
@@ -117,7 +178,11 @@ class RepairExecutor:
         name, request = pending
         key = (name, request.action.name, request.attempt)
         if key in self._done:
-            return None  # performed; the result write is being retried
+            unsent = self._unsent.get(key)
+            if unsent is not None:  # performed; its answer did not reach the API server
+                report_result(self.api, name, unsent)
+                del self._unsent[key]
+            return None
         log.info(
             "performing %s (attempt %d) on %s %s",
             request.action.name,
@@ -128,7 +193,12 @@ class RepairExecutor:
         self._done.add(key)
         if request.action is Action.REBOOT:
             # Answer first: once the reboot starts, this process may not get to write.
-            report_result(self.api, name, self._result(request, True, "reboot started"))
+            # No answer, no reboot: the next read tries both again.
+            try:
+                report_result(self.api, name, self._result(request, True, "reboot started"))
+            except KubeError:
+                self._done.discard(key)
+                raise
             ok, message = self.backend.reboot()
             if ok:
                 return None
@@ -137,10 +207,21 @@ class RepairExecutor:
             result = self._result(request, *self.backend.reset_gpus(request.gpus))
         else:
             result = self._result(request, False, f"{request.action.name} is not an agent action")
-        report_result(self.api, name, result)
         if result.succeeded:
             self.after_repair(request.action, request.gpus, result.at)
+        self._answer(key, name, result)
         return result
+
+    def _answer(self, key: tuple[str, str, int], name: str, result: ActionResult) -> None:
+        """Write the result; kept for the next read if the write fails (the action is
+        never repeated, and the controller would otherwise time it out and escalate)."""
+        self._unsent[key] = result
+        report_result(self.api, name, result)
+        del self._unsent[key]
 
     def _result(self, request: ActionRequest, ok: bool, message: str) -> ActionResult:
         return ActionResult(request.attempt, request.action, ok, self.clock(), message)
+
+
+def _version_only(obj: Json) -> Json:
+    return {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")}}

@@ -1,0 +1,130 @@
+"""The agent's repair executor on the real API server: woken by a watch of its node's
+NodeRemediations rather than by polling, polling where RBAC refuses the watch, and an
+answer that could not be written is written later without repeating the repair."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuguard.agent import repair
+from gpuguard.agent.repair import BundleRepair, RepairExecutor
+from gpuguard.kube import remediations
+from gpuguard.kube.rest import KubeApi, load_api
+from gpuguard.model import Action
+from gpuguard.remediation.model import Episode, Phase
+from tests.support.cluster import wait_for
+from tests.support.controllers import Running, node_name
+from tests.support.controlplane import ControlPlane
+
+GPU = "0000:91:00.0"
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+
+
+def request_reset(api: KubeApi, node: str) -> str:
+    """What the controller writes: an episode in ACTING with a RESET_GPU request."""
+    ep = Episode(node=node, opened_at=time.time(), phase=Phase.ACTING, rung=Action.RESET_GPU)
+    ep.attempts = {Action.RESET_GPU: 1}
+    remediations.save_episode(api, ep, new=True)
+    assert remediations.set_request(api, ep, Action.RESET_GPU, 1, (GPU,), now=time.time())
+    return remediations.object_name(node, ep.opened_at)
+
+
+def answer(api: KubeApi, name: str) -> dict[str, object] | None:
+    stored = api.get(remediations.NODE_REMEDIATIONS.path(name))
+    result = (stored.get("status") or {}).get("result")
+    return dict(result) if result else None
+
+
+def start_executor(client: KubeApi, node: str, repairs: Path) -> Running:
+    return Running(RepairExecutor(client, node, BundleRepair(repairs), lambda *_: None).run)
+
+
+def test_a_request_is_performed_when_it_is_written_not_at_the_next_poll(
+    api, control_plane, tmp_path, monkeypatch
+):
+    # Reads an hour apart: only the watch can wake the executor in time.
+    monkeypatch.setattr(repair, "POLL_S", 3600.0)
+    monkeypatch.setattr(repair, "RESYNC_S", 3600.0)
+    node, repairs = node_name(), tmp_path / "repairs.log"
+    with load_api(control_plane.admin_kubeconfig) as client:
+        executor = start_executor(client, node, repairs)
+        time.sleep(1.0)  # its first read done and the watch open
+        written = time.monotonic()
+        name = request_reset(api, node)
+        wait_for(repairs.exists, 5, "the reset")
+        result = wait_for(lambda: answer(api, name), 5, "the answer")
+        assert time.monotonic() - written < 5
+        executor.halt()
+    assert repairs.read_text() == f"reset {GPU}\n"
+    assert result["action"] == "RESET_GPU" and result["succeeded"] is True
+
+
+@pytest.fixture
+def limited_account(api: KubeApi, namespace: str, control_plane: ControlPlane, tmp_path: Path):
+    """A ServiceAccount that may read NodeRemediations but not watch them (an older chart),
+    and whose right to answer (patch the status) the test grants when it likes."""
+    account = f"old-agent-{uuid.uuid4().hex[:6]}"
+    api.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+    )
+    created: list[str] = []
+
+    def grant(resource: str, verbs: list[str]) -> None:
+        role = f"{account}-{resource.replace('/', '-')}"
+        rule = {"apiGroups": ["gpuguard.io"], "resources": [resource], "verbs": verbs}
+        api.create(f"{RBAC}/clusterroles", {"metadata": {"name": role}, "rules": [rule]})
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+        ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}
+        binding = {"metadata": {"name": role}, "subjects": [subject], "roleRef": ref}
+        api.create(f"{RBAC}/clusterrolebindings", binding)
+        created.append(role)
+
+    grant("noderemediations", ["get", "list"])
+    kubeconfig = tmp_path / "old-agent.kubeconfig"
+    token = control_plane.service_account_token(namespace, account)
+    kubeconfig.write_text(yaml.safe_dump(control_plane.kubeconfig_for_token(token)))
+    yield kubeconfig, grant
+    for role in created:
+        api.delete(f"{RBAC}/clusterrolebindings/{role}")
+        api.delete(f"{RBAC}/clusterroles/{role}")
+
+
+def test_without_watch_rights_it_polls_and_an_unwritten_answer_is_written_later(
+    api, limited_account, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(repair, "POLL_S", 0.2)
+    kubeconfig, grant = limited_account
+    node, repairs = node_name(), tmp_path / "repairs.log"
+    name = request_reset(api, node)
+    with (
+        caplog.at_level(logging.INFO, logger="gpuguard.agent"),
+        load_api(kubeconfig) as client,
+    ):
+        executor = start_executor(client, node, repairs)
+        wait_for(repairs.exists, 10, "the reset, found by polling")
+        time.sleep(1.0)  # several polls, each refused the answer
+        assert answer(api, name) is None
+        grant("noderemediations/status", ["patch"])
+        result = wait_for(lambda: answer(api, name), 10, "the answer, once allowed")
+        executor.halt()
+    assert result["succeeded"] is True
+    assert repairs.read_text() == f"reset {GPU}\n", "the repair must not be repeated"
+    warnings = [r.getMessage() for r in caplog.records if "cannot watch" in r.getMessage()]
+    assert len(warnings) == 1 and "403" in warnings[0], warnings
+
+
+@pytest.fixture
+def namespace(api: KubeApi) -> Iterator[str]:
+    """A namespace for the ServiceAccount (no pods run here: no stand-in kubelet)."""
+    name = f"repairs-{uuid.uuid4().hex[:6]}"
+    api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    api.delete(f"/api/v1/namespaces/{name}")
