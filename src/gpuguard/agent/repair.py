@@ -128,9 +128,11 @@ class RepairExecutor:
             wake.clear()
             try:
                 self.poll_once()
+                failed = False
             except KubeError as exc:
                 log.warning("reading repair requests failed: %s", exc)
-            rare = watching.is_set() and not self._unsent
+                failed = True
+            rare = watching.is_set() and not failed and not self._unsent
             wake.wait(RESYNC_S if rare else POLL_S)
         follower.join(JOIN_S)
 
@@ -174,9 +176,12 @@ class RepairExecutor:
         """Perform the pending request, if any; each (object, action, attempt) only once."""
         pending = pending_request_for(self.api, self.node_name)
         if pending is None:
+            self._unsent.clear()  # nothing waits for an answer any more
             return None
         name, request = pending
         key = (name, request.action.name, request.attempt)
+        for stale in [k for k in self._unsent if k != key]:  # the controller moved on
+            del self._unsent[stale]
         if key in self._done:
             unsent = self._unsent.get(key)
             if unsent is not None:  # performed; its answer did not reach the API server
