@@ -259,9 +259,10 @@ class ControlPlane:
     ) -> Any:
         """An admin API call (for test set-up); returns the decoded JSON answer.
 
-        A transport failure (a broken TLS record, a reset connection) is retried on a new
-        connection, twice: set-up is not what the tests assert on. A create retried after
-        the server did act on the first try answers 409; the object is then read back.
+        A transport failure (a connection reset or refused while a test restarts the API
+        server) is retried on a new connection, twice: set-up is not what the tests assert
+        on. A create retried after the server did act on the first try answers 409; the
+        object is then read back.
         """
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(3):
