@@ -710,27 +710,23 @@ def test_agent_client_watches_its_own_node_for_verify_requests(control_plane, ag
     def follow() -> None:
         seen.extend(agent_api.watch_annotations(NODE_A, stop))
 
+    def annotate(value: str | None) -> None:
+        patch = {"metadata": {"annotations": {VERIFY_REQUEST_ANNOTATION: value}}}
+        control_plane.request("PATCH", f"/api/v1/nodes/{NODE_A}", patch, MERGE)
+
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
-    wait_for(lambda: seen, 10, "the Node as it is now")
-    assert VERIFY_REQUEST_ANNOTATION not in seen[0]
-    control_plane.request(
-        "PATCH",
-        f"/api/v1/nodes/{NODE_A}",
-        {"metadata": {"annotations": {VERIFY_REQUEST_ANNOTATION: "2026-11-29T12:00:00Z"}}},
-        MERGE,
-    )
-    wait_for(lambda: VERIFY_REQUEST_ANNOTATION in seen[-1], 10, "the controller's request")
-    stop.set()
-    agent_api.end_watches(stop)
-    thread.join(3)
+    try:
+        wait_for(lambda: seen, 10, "the Node as it is now")
+        assert VERIFY_REQUEST_ANNOTATION not in seen[0]
+        annotate("2026-11-29T12:00:00Z")
+        wait_for(lambda: VERIFY_REQUEST_ANNOTATION in seen[-1], 10, "the controller's request")
+    finally:
+        stop.set()
+        agent_api.end_watches(stop)
+        thread.join(3)
+        annotate(None)
     assert not thread.is_alive(), "end_watches did not end the watch"
-    control_plane.request(
-        "PATCH",
-        f"/api/v1/nodes/{NODE_A}",
-        {"metadata": {"annotations": {VERIFY_REQUEST_ANNOTATION: None}}},
-        MERGE,
-    )
 
 
 def test_agent_client_is_refused_another_node(control_plane, agent_api):

@@ -261,7 +261,8 @@ def wait_until(predicate, what: str, timeout_s: float = 15.0) -> None:
 
 # --- ending watches that other threads are blocked in -----------------------------------
 def start_watch(api: KubeApi, namespace: str, stop: threading.Event | None = None):
-    outcome: dict[str, object] = {"seen": []}
+    seen: list[str | None] = []
+    outcome: dict[str, object] = {"seen": seen}
 
     def follow() -> None:
         try:
@@ -271,7 +272,7 @@ def start_watch(api: KubeApi, namespace: str, stop: threading.Event | None = Non
                 timeout_s=120,
                 stop=stop,
             ):
-                outcome["seen"].append(event.object["metadata"].get("name"))  # type: ignore[attr-defined]
+                seen.append(event.object["metadata"].get("name"))  # None for a bookmark
         except KubeUnavailable as exc:
             outcome["error"] = exc
 

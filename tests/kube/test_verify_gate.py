@@ -151,7 +151,7 @@ def test_failed_verify_escalates_instead_of_returning_the_node(api, start_agent,
 
 
 def test_agent_sees_a_verify_request_at_once_not_at_its_next_heartbeat(api, start_agent):
-    # Hours between heartbeats: only the agent's watch of its Node can see the request.
+    # An hour between heartbeats: only the agent's watch of its Node can see the request.
     deep = HeldDeepCheck()
     deep.release.set()
     name = node_name()
