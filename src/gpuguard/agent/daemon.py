@@ -37,6 +37,7 @@ from gpuguard.checks.load.checks import DeepGpuCheck
 from gpuguard.config import Config
 from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
 from gpuguard.kube.times import format_time
+from gpuguard.kube.watch import WATCH_JOIN_S
 from gpuguard.model import Action, CheckResult, Layer, NodeReport, Outcome, Severity
 from gpuguard.remediation.model import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.runner import RepeatingCheck, assess, inconclusive_result
@@ -51,7 +52,6 @@ MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"
 CONTROLLER = "gpuguard.io/agent"
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 FOLLOW_RETRY_S = 5.0
-WATCH_JOIN_S = 5.0
 
 
 @dataclass

@@ -30,15 +30,13 @@ from gpuguard.kube.remediations import (
     report_result,
 )
 from gpuguard.kube.rest import Json, KubeApi
-from gpuguard.kube.watch import list_then_watch
+from gpuguard.kube.watch import RETRY_S, WATCH_JOIN_S, list_then_watch
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult
 
 log = logging.getLogger("gpuguard.agent")
 POLL_S = 2.0  # without the watch; also while a result waits to be written again
 RESYNC_S = 60.0  # with the watch: a read now and then, in case an event was missed
-RETRY_S = 2.0  # before resuming a broken watch
-JOIN_S = 5.0
 RESET_TIMEOUT_S = 120.0
 
 
@@ -134,7 +132,7 @@ class RepairExecutor:
                 failed = True
             rare = watching.is_set() and not failed and not self._unsent
             wake.wait(RESYNC_S if rare else POLL_S)
-        follower.join(JOIN_S)
+        follower.join(WATCH_JOIN_S)
 
     def _wake_on_stop(self, stop: threading.Event, wake: threading.Event) -> None:
         stop.wait()

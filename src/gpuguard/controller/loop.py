@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from gpuguard.controller.apply import Applier
 from gpuguard.controller.breaker_store import BreakerStore
@@ -25,13 +25,13 @@ from gpuguard.controller.observe import project_node
 from gpuguard.controller.providers import Provider
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
 from gpuguard.kube import drain
-from gpuguard.kube.errors import KubeError, KubeRejected
+from gpuguard.kube.errors import KubeError
 from gpuguard.kube.fleet import slim_node
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
 from gpuguard.kube.remediations import delete_closed_before, list_episodes, read_result
 from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
-from gpuguard.kube.watch import Snapshot, list_then_watch
+from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
 from gpuguard.remediation.decide import decide
 from gpuguard.remediation.history import History
 from gpuguard.remediation.model import (
@@ -46,8 +46,6 @@ from gpuguard.remediation.policy import Policy
 log = logging.getLogger("gpuguard.controller")
 LEASE_NAME = "gpuguard-controller"
 RETRY_S = 2.0
-REFUSED_RETRY_MAX_S = 300.0
-WATCH_JOIN_S = 5.0  # a watch ended by end_watches leaves its read at once
 KEEP_CLOSED_S = 30 * 86400.0  # closed episodes are the audit trail: a month by default
 COLLECT_EVERY_S = 3600.0
 
@@ -171,25 +169,17 @@ class Controller:
         take: Callable[[Snapshot | WatchEvent], str],
     ) -> None:
         version = ""
-        refused = 0  # refusals in a row: RBAC missing from an older chart, say
-        while not stop.is_set():
-            try:
-                for item in list_then_watch(
-                    self.api, path, project=project, resource_version=version, stop=stop
-                ):
-                    version = take(item) or version
-                    refused = 0
-            except KubeRejected as exc:
-                # Retrying every 2 s will not grant a permission: back off to 5 minutes
-                # and say it once per streak, not every try.
-                if not refused:
-                    log.warning("watch of %s refused, retrying with backoff: %s", path, exc)
-                refused += 1
-                stop.wait(min(RETRY_S * 2**refused, REFUSED_RETRY_MAX_S))
-            except KubeError as exc:
-                refused = 0
-                log.warning("watch of %s broken, resuming: %s", path, exc)
-                stop.wait(RETRY_S)
+
+        def stream() -> Iterator[Snapshot | WatchEvent]:
+            return list_then_watch(
+                self.api, path, project=project, resource_version=version, stop=stop
+            )
+
+        def fold(item: Snapshot | WatchEvent) -> None:
+            nonlocal version
+            version = take(item) or version
+
+        keep_watching(stream, fold, stop, log=log, what=path, retry_s=RETRY_S)
 
     def _take(self, item: Snapshot | WatchEvent) -> str:
         """Fold a watch item into the cache, projecting each changed Node once here so

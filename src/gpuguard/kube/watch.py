@@ -8,12 +8,20 @@ gone anyway (410), the only correct move is a new list: the caller gets a
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
-from gpuguard.kube.errors import KubeUnavailable
+from gpuguard.kube.errors import KubeError, KubeRejected, KubeUnavailable
 from gpuguard.kube.rest import WATCH_TIMEOUT_S, Json, KubeApi, KubeExpired, WatchEvent
+
+RETRY_S = 2.0  # before resuming a broken watch
+REFUSED_RETRY_MAX_S = 300.0
+WATCH_JOIN_S = 5.0  # a watch ended by end_watches leaves its read at once
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -82,3 +90,34 @@ def list_then_watch(
             if stopped():
                 return  # the caller ended the blocked read on purpose
             raise
+
+
+def keep_watching(
+    stream: Callable[[], Iterable[T]],
+    take: Callable[[T], object],
+    stop: threading.Event,
+    *,
+    log: logging.Logger,
+    what: str,
+    when_refused: str = "retrying with backoff",
+    retry_s: float = RETRY_S,
+) -> None:
+    """Feed every item of ``stream()`` to ``take``, opening the stream again when it
+    breaks, until ``stop``. A broken connection is resumed after ``retry_s``. A refusal
+    (RBAC missing from an older chart, say) is not granted by retrying every few seconds:
+    it backs off, doubling to 5 minutes, and is said once per streak of refusals."""
+    refused = 0  # refusals in a row
+    while not stop.is_set():
+        try:
+            for item in stream():
+                take(item)
+                refused = 0
+        except KubeRejected as exc:
+            if not refused:
+                log.warning("watch of %s refused, %s: %s", what, when_refused, exc)
+            refused += 1
+            stop.wait(min(retry_s * 2**refused, REFUSED_RETRY_MAX_S))
+        except KubeError as exc:
+            refused = 0
+            log.warning("watch of %s broken, resuming: %s", what, exc)
+            stop.wait(retry_s)
