@@ -1,6 +1,7 @@
 """The agent's repair executor on the real API server: woken by a watch of its node's
-NodeRemediations rather than by polling, polling where RBAC refuses the watch, and an
-answer that could not be written is written later without repeating the repair."""
+NodeRemediations rather than by polling, polling where RBAC refuses the watch, an answer
+that could not be written is written later without repeating the repair, and a reboot
+waits until its answer can be written."""
 
 from __future__ import annotations
 
@@ -27,12 +28,14 @@ GPU = "0000:91:00.0"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
-def request_reset(api: KubeApi, node: str) -> str:
-    """What the controller writes: an episode in ACTING with a RESET_GPU request."""
-    ep = Episode(node=node, opened_at=time.time(), phase=Phase.ACTING, rung=Action.RESET_GPU)
-    ep.attempts = {Action.RESET_GPU: 1}
+def request_action(api: KubeApi, node: str, action: Action = Action.RESET_GPU) -> str:
+    """What the controller writes: an episode in ACTING with a request (RESET_GPU of one
+    GPU unless told otherwise)."""
+    ep = Episode(node=node, opened_at=time.time(), phase=Phase.ACTING, rung=action)
+    ep.attempts = {action: 1}
+    gpus = (GPU,) if action is Action.RESET_GPU else ()
     remediations.save_episode(api, ep, new=True)
-    assert remediations.set_request(api, ep, Action.RESET_GPU, 1, (GPU,), now=time.time())
+    assert remediations.set_request(api, ep, action, 1, gpus, now=time.time())
     return remediations.object_name(node, ep.opened_at)
 
 
@@ -57,7 +60,7 @@ def test_a_request_is_performed_when_it_is_written_not_at_the_next_poll(
         executor = start_executor(client, node, repairs)
         time.sleep(1.0)  # its first read done and the watch open
         written = time.monotonic()
-        name = request_reset(api, node)
+        name = request_action(api, node)
         wait_for(repairs.exists, 5, "the reset")
         result = wait_for(lambda: answer(api, name), 5, "the answer")
         assert time.monotonic() - written < 5
@@ -103,7 +106,7 @@ def test_without_watch_rights_it_polls_and_an_unwritten_answer_is_written_later(
     monkeypatch.setattr(repair, "POLL_S", 0.2)
     kubeconfig, grant = limited_account
     node, repairs = node_name(), tmp_path / "repairs.log"
-    name = request_reset(api, node)
+    name = request_action(api, node)
     with (
         caplog.at_level(logging.INFO, logger="gpuguard.agent"),
         load_api(kubeconfig) as client,
@@ -119,6 +122,27 @@ def test_without_watch_rights_it_polls_and_an_unwritten_answer_is_written_later(
     assert repairs.read_text() == f"reset {GPU}\n", "the repair must not be repeated"
     warnings = [r.getMessage() for r in caplog.records if "cannot watch" in r.getMessage()]
     assert len(warnings) == 1 and "403" in warnings[0], warnings
+
+
+def test_a_reboot_waits_until_its_answer_can_be_written(
+    api, limited_account, tmp_path, monkeypatch
+):
+    # Once the reboot starts the agent may not get to write, so it answers first; an
+    # answer the API server refuses means no reboot yet, and a later read tries both again.
+    monkeypatch.setattr(repair, "POLL_S", 0.2)
+    kubeconfig, grant = limited_account
+    node, repairs = node_name(), tmp_path / "repairs.log"
+    name = request_action(api, node, Action.REBOOT)
+    with load_api(kubeconfig) as client:
+        executor = start_executor(client, node, repairs)
+        time.sleep(1.5)  # several reads, each answer refused
+        assert not repairs.exists(), "rebooted without having said so"
+        grant("noderemediations/status", ["patch"])
+        result = wait_for(lambda: answer(api, name), 10, "the answer, once allowed")
+        wait_for(repairs.exists, 5, "the reboot")
+        executor.halt()
+    assert result["action"] == "REBOOT" and result["message"] == "reboot started"
+    assert repairs.read_text() == "reboot\n"
 
 
 @pytest.fixture
