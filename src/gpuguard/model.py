@@ -153,14 +153,18 @@ class Finding:
     source: str
     message: str
     evidence: str = ""
+    # A repair that waits for running work: NVIDIA's "drain and reset" (a row remap or page
+    # retirement pending, Xid 154's "Drain and Reset", a GPU the deep suite found slow).
+    # The GPU still computes correctly, so its jobs may finish; no new work may start.
+    deferred: bool = False
 
     @property
     def inconclusive(self) -> bool:
         """True when the finding says a check gave no verdict (hung, crashed, garbled)."""
         return self.code in INCONCLUSIVE_CODES
 
-    def to_dict(self) -> dict[str, str]:
-        return {
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {
             "layer": str(self.layer),
             "code": self.code,
             "severity": str(self.severity),
@@ -170,6 +174,9 @@ class Finding:
             "message": self.message,
             "evidence": self.evidence,
         }
+        if self.deferred:
+            data["deferred"] = True
+        return data
 
 
 @dataclass
@@ -203,14 +210,31 @@ class LayerHealth:
     def action(self) -> Action:
         return max((f.action for f in self.findings), default=Action.NONE)
 
+    @property
+    def deferred(self) -> bool:
+        """Unhealthy only for repairs that wait for running work (``Finding.deferred``):
+        every finding that makes the layer unhealthy is deferred, none is critical now, no
+        check of the layer went without a verdict, and some source answered."""
+        if self.status is not Status.UNHEALTHY or not self.answered_by:
+            return False
+        blocking = [
+            f
+            for f in self.findings
+            if f.deferred or f.inconclusive or f.severity is Severity.CRITICAL
+        ]
+        return bool(blocking) and all(f.deferred and not f.inconclusive for f in blocking)
+
     def to_dict(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "status": str(self.status),
             "action": str(self.action),
             "answered_by": self.answered_by,
             "not_answered": self.not_answered,
             "findings": [f.to_dict() for f in self.findings],
         }
+        if self.deferred:
+            data["deferred"] = True
+        return data
 
 
 def assess_layer(
@@ -223,14 +247,16 @@ def assess_layer(
 ) -> LayerHealth:
     """Decide a layer's status from its findings and from which sources answered.
 
-    A real critical finding wins (Unhealthy). Otherwise, if any check of the layer hung,
-    crashed or printed garbage, or no source answered at all, the layer is Unknown, which
-    the fail-closed default reports as Unhealthy: a diagnostic we could not read is never
-    taken for a healthy part.
+    A real critical finding wins (Unhealthy), and so does a deferred one: a repair the
+    evidence asks for, even one that waits for running work, takes the layer out of
+    service for new work (docs/remediation.md, "Drain and reset"). Otherwise, if any check
+    of the layer hung, crashed or printed garbage, or no source answered at all, the layer
+    is Unknown, which the fail-closed default reports as Unhealthy: a diagnostic we could
+    not read is never taken for a healthy part.
     """
     ordered = sorted(findings, key=lambda f: (-f.severity, -f.action, f.code, f.component))
     real = [f for f in ordered if not f.inconclusive]
-    if any(f.severity is Severity.CRITICAL for f in real):
+    if any(f.severity is Severity.CRITICAL or f.deferred for f in real):
         status = Status.UNHEALTHY
     elif any(f.inconclusive for f in ordered) or not answered_by:
         status = Status.UNHEALTHY if fail_closed else Status.UNKNOWN

@@ -27,6 +27,12 @@ PROFILES: dict[str, dict[Layer, str]] = {
         Layer.KERNEL: "KernelReady",
     },
 }
+# Profiles whose conditions a replace-only repairer acts on: Karpenter's node repair replaces
+# a node whose AcceleratedHardwareReady has been False for 10 minutes, ignoring PDBs. A
+# deferred repair (drain and reset) waits for running work for hours, so under these names
+# it stays True (its reason and message still say it) and the controller reads the deferral
+# from the report annotation; under our own names it is False.
+DEFERRED_STAYS_TRUE = frozenset({"eks"})
 # Every type some profile writes: those are ours to remove when no longer reported.
 OWNED_TYPES = frozenset(t for profile in PROFILES.values() for t in profile.values())
 
@@ -51,12 +57,12 @@ class Desired:
 
 def desired_conditions(layers: Mapping[Layer, LayerHealth], profile: str) -> list[Desired]:
     names = PROFILES[profile]
-    return [_desired(names[layer], health) for layer, health in layers.items()]
+    return [_desired(names[layer], health, profile) for layer, health in layers.items()]
 
 
-def _desired(kind: str, health: LayerHealth) -> Desired:
+def _desired(kind: str, health: LayerHealth, profile: str) -> Desired:
     status = _STATUS_OF[health.status]
-    problems = [f for f in health.findings if f.severity > Severity.INFO]
+    problems = [f for f in health.findings if f.severity > Severity.INFO or f.deferred]
     if health.status is Status.HEALTHY:
         return Desired(kind, status, "Healthy", _answered(health))
     if not problems:  # nothing answered and nothing failed: every source is missing
@@ -66,6 +72,11 @@ def _desired(kind: str, health: LayerHealth) -> Desired:
     reason = camel_case(problems[0].code)
     if health.status is Status.DEGRADED:
         reason = f"Degraded{reason}"
+    if health.deferred:
+        # Drain and reset: no new work, running work finishes, then the GPU is reset.
+        if profile in DEFERRED_STAYS_TRUE:
+            status = "True"
+        return Desired(kind, status, reason, _summary(problems, DRAIN_AND_RESET))
     return Desired(kind, status, reason, _summary(problems))
 
 
@@ -74,15 +85,18 @@ def camel_case(code: str) -> str:
     return "".join(part[:1].upper() + part[1:].lower() for part in code.split("_") if part)
 
 
-def _summary(problems: list[Finding]) -> str:
+DRAIN_AND_RESET = "drain and reset when running work ends: "
+
+
+def _summary(problems: list[Finding], prefix: str = "") -> str:
     shown: list[str] = []
     for finding in problems:
         entry = f"{finding.code} {finding.component}"
-        if len("; ".join([*shown, entry])) > MESSAGE_LIMIT - 16:
+        if len(prefix + "; ".join([*shown, entry])) > MESSAGE_LIMIT - 16:
             break
         shown.append(entry)
     rest = len(problems) - len(shown)
-    return "; ".join(shown) + (f" (+{rest} more)" if rest else "")
+    return prefix + "; ".join(shown) + (f" (+{rest} more)" if rest else "")
 
 
 def _answered(health: LayerHealth) -> str:

@@ -386,16 +386,20 @@ class Agent:
 
 
 def report_layers(report: NodeReport) -> str:
-    """Each layer's status, recommended action, codes and GPUs, as canonical JSON."""
+    """Each layer's status, recommended action, codes and GPUs, as canonical JSON; and
+    ``"deferred": true`` when its repair waits for running work (drain and reset)."""
     layers = {}
     for layer, health in report.layers.items():
-        problems = [f for f in health.findings if f.severity > Severity.INFO]
-        layers[str(layer)] = {
+        problems = [f for f in health.findings if f.severity > Severity.INFO or f.deferred]
+        entry: dict[str, object] = {
             "status": str(health.status),
             "action": str(health.action),
             "codes": sorted({f.code for f in problems}),
             "gpus": sorted({f.component.id for f in problems if f.component.kind == "gpu"}),
         }
+        if health.deferred:
+            entry["deferred"] = True
+        layers[str(layer)] = entry
     return json.dumps(layers, sort_keys=True)
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuguard.checks.kernel_incidents import findings_for_events
-from gpuguard.checks.kernel_log import KernelEvent, parse_line
+from gpuguard.checks.kernel_log import KernelEvent, scan
 from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.model import Action, Component, Finding, Layer, Severity
 from gpuguard.model import normalize_pci_bus_id as gpu_id
@@ -46,7 +46,7 @@ class KernelState:
         rotated log file does not heal a GPU that fell off the bus.
         """
         now = self._clock()
-        events = [e for line in lines if (e := parse_line(line)) is not None]
+        events = scan("\n".join(lines))
         boot = self._boot_id() if reset else self._events_boot
         with self._lock:
             if boot != self._events_boot:
@@ -128,6 +128,7 @@ def decode_memory(text: str) -> tuple[str, list[Finding]]:
                 source=REMEMBERED_SOURCE,
                 message=str(item["message"]),
                 evidence=str(item["evidence"]),
+                deferred=item.get("deferred") is True,
             )
             for item in data.get("findings", [])
         ]

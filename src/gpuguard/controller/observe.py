@@ -48,10 +48,16 @@ def project_node(
         reported = report.get("layers", {}).get(layer, {})
         action = _action(reported.get("action"))
         status = str(condition.get("status", "Unknown"))
-        if status == "True" and reported.get("status") == "Degraded" and action > Action.NONE:
-            # Degraded but asking for a repair (a job's fault: kill it; a pending row remap:
-            # reset). The condition stays True so Karpenter never replaces a node for a
-            # job's bug; to the policy it is a problem to work on.
+        deferred = reported.get("deferred") is True and action > Action.NONE
+        if (
+            status == "True"
+            and action > Action.NONE
+            and (reported.get("status") == "Degraded" or deferred)
+        ):
+            # Degraded but asking for a repair (a job's fault: kill it), or a deferred
+            # repair under a profile that keeps it True (eks). The condition stays True so
+            # Karpenter never replaces a node for a job's bug or for a drain and reset;
+            # to the policy it is a problem to work on.
             status = "False"
         layers[layer] = LayerReport(
             status=status,
@@ -60,6 +66,7 @@ def project_node(
             action=action,
             codes=tuple(reported.get("codes") or ()),
             gpus=tuple(reported.get("gpus") or ()),
+            deferred=deferred and status == "False",
         )
     return NodeObservation(
         name=str(metadata.get("name", "")),

@@ -54,6 +54,10 @@ class LayerReport:
     action: Action = Action.NONE  # the highest rung the layer's findings recommend
     codes: tuple[str, ...] = ()
     gpus: tuple[str, ...] = ()  # PCI bus ids of the GPUs the findings name
+    # False only for repairs that wait for running work (drain and reset): the controller
+    # admits no new work, lets the running pods finish (policy ``drain_and_reset``), then
+    # carries the repair out.
+    deferred: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class NodeObservation:
     unschedulable: bool = False
     cordoned_by_us: bool = False
     pods_to_move: int = 0  # evictable pods the current drain still has to move
+    # Pods still running on the GPUs a deferred repair waits for (the named GPUs; every GPU
+    # pod when none is named); counted only while such an episode waits in QUARANTINED.
+    pods_on_gpus: int = 0
     exists: bool = True
     verify_requested_at: float | None = None  # the verify request on the Node, if any
     verify: VerifyAnswer | None = None  # the agent's latest verify answer
