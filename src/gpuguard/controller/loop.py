@@ -33,6 +33,7 @@ from gpuguard.kube.remediations import delete_closed_before, list_episodes, read
 from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
 from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
 from gpuguard.remediation.decide import decide
+from gpuguard.remediation.health import deferred_repair, named_gpus
 from gpuguard.remediation.history import History
 from gpuguard.remediation.model import (
     DecisionKind,
@@ -249,6 +250,14 @@ class Controller:
             if episode.phase is Phase.DRAINING and name in observations:
                 moving = drain.evictable_count(self.api, name, episode.gpus)
                 observations[name] = dataclasses.replace(observations[name], pods_to_move=moving)
+        for name, observed in observations.items():
+            # A deferred repair (drain and reset) waits for the pods on its GPUs; counted
+            # for a node about to open its episode too, so it never starts under them.
+            current = episodes.get(name)
+            waiting = current is None or current.phase is Phase.QUARANTINED
+            if waiting and deferred_repair(observed):
+                running = drain.gpu_pods_running(self.api, name, named_gpus(observed))
+                observations[name] = dataclasses.replace(observed, pods_on_gpus=running)
         plan = decide(
             observations,
             episodes,

@@ -133,6 +133,13 @@ def evictable_count(api: KubeApi, node: str, gpus: Collection[str] = ()) -> int:
     return len(pods_still_to_move(pods_on_node(api, node), gpus))
 
 
+def gpu_pods_running(api: KubeApi, node: str, gpus: Collection[str] = ()) -> int:
+    """The policy's ``pods_on_gpus``: pods on ``node`` that may use ``gpus`` (every pod
+    requesting a GPU when none is named), terminating ones included: a deferred repair
+    waits for them to end."""
+    return sum(1 for pod in pods_on_node(api, node) if _movable(pod) and is_on_gpus(pod, gpus))
+
+
 def evict(api: KubeApi, pod: Json, *, grace_period_s: int | None = None) -> EvictionOutcome:
     """One Eviction. Connection failures raise :class:`KubeUnavailable` (stop the pass);
     answers from the server become an outcome.

@@ -51,6 +51,21 @@ def needed_action(node: NodeObservation) -> Action:
     return max((layer.action for layer in false_layers(node)), default=Action.NONE)
 
 
+def deferred_repair(node: NodeObservation) -> bool:
+    """Is every False layer's repair deferred (drain and reset: wait for running work)?"""
+    layers = false_layers(node)
+    return bool(layers) and all(layer.deferred for layer in layers)
+
+
+def deferred_since(node: NodeObservation, episode: Episode) -> float:
+    """When the deferred repair began to wait: the earliest False layer, counted as for
+    the tolerance (not before the episode opened)."""
+    return min(
+        (max(episode.opened_at, layer.since) for layer in false_layers(node)),
+        default=episode.opened_at,
+    )
+
+
 def named_gpus(node: NodeObservation) -> tuple[str, ...]:
     """The GPUs the False layers' findings name (``()``: none named, the whole node)."""
     return tuple(sorted({gpu for layer in false_layers(node) for gpu in layer.gpus}))
@@ -97,7 +112,7 @@ def describe(node: NodeObservation) -> str:
         if layer.codes:
             text += " " + ",".join(layer.codes)
         if layer.action is not Action.NONE:
-            text += f" -> {layer.action}"
+            text += f" -> {layer.action}" + (" (deferred)" if layer.deferred else "")
         if layer.gpus:
             text += " on " + ",".join(layer.gpus)
         parts.append(text)

@@ -15,11 +15,14 @@ from gpuguard.model import Action
 from gpuguard.remediation.budget import BudgetLedger
 from gpuguard.remediation.correlation import SharedCauses, own_faults
 from gpuguard.remediation.health import (
+    deferred_repair,
+    deferred_since,
     describe,
     false_layers,
     is_healthy,
     is_unhealthy,
     named_gpus,
+    needed_action,
     tolerance_passed,
 )
 from gpuguard.remediation.ladder import choose_rung
@@ -160,8 +163,30 @@ class PlanBuilder:
         elif episode.exhausted or not is_unhealthy(node, policy, now):
             return
         elif episode.rung is not None or tolerance_passed(node, episode, policy, now):
-            why = "persistent" if episode.rung is None else f"after {_label(episode)}"
-            self.try_start(episode, node, f"{why}: {describe(node)}")
+            why: str | None = "persistent" if episode.rung is None else f"after {_label(episode)}"
+            if deferred_repair(node):
+                why = self.running_work(episode, node)
+            if why is not None:
+                self.try_start(episode, node, f"{why}: {describe(node)}")
+
+    def running_work(self, episode: Episode, node: NodeObservation) -> str | None:
+        """A deferred repair (drain and reset) waits, tainted, for the pods on its GPUs to
+        finish, at most ``drain_and_reset.max_wait_s``: the reason to start it now, or
+        None while it waits (a step whenever the count changes)."""
+        limit = self.policy.drain_and_reset.max_wait_s
+        running = node.pods_on_gpus
+        if running == 0:
+            return f"running work finished: starting {needed_action(node)}"
+        if self.now - deferred_since(node, episode) >= limit:
+            return f"waited max_wait_s ({limit:g}s) for {running} running pods: draining"
+        where = ", ".join(named_gpus(node)) or "the node's GPUs"
+        message = (
+            f"deferred repair: waiting for {running} running pods on {where}"
+            f" (at most {limit:g}s): {describe(node)}"
+        )
+        if not episode.steps or episode.steps[-1].message != message:
+            self.record(episode, message)
+        return None
 
     def draining(self, episode: Episode, node: NodeObservation) -> None:
         if is_healthy(node, self.policy, self.now):

@@ -141,6 +141,26 @@ class Correlation(_Strict):
     )
 
 
+class DrainAndReset(_Strict):
+    """Deferred repairs, NVIDIA's "drain and reset": a row remap or page retirement that
+    takes effect at the next reset, Xid 154's "Drain and Reset", a GPU the deep suite found
+    slow. The GPU still computes correctly, so the node admits no new work (tainted at
+    once) while the pods on those GPUs finish; the repair starts when none runs, or
+    ``max_wait_s`` after the layer turned False, whichever comes first.
+
+    4 h by default: most jobs end, or reach a checkpoint they can resume from, well within
+    it (training jobs commonly checkpoint every 30-60 min), and a GPU waiting on a pending
+    remap is not left for days with a spare row unused: a second uncorrectable error in
+    that row before the reset is an Xid 48 that kills the job anyway. A week-long job is
+    drained at the bound, through the Eviction API, and resumes from its checkpoint.
+    """
+
+    max_wait_s: Seconds = Field(
+        default=4 * 3600,
+        description="Drain and repair at the latest this long after the layer turned False",
+    )
+
+
 class Policy(_Strict):
     """Everything ``decide`` is told besides the fleet's state and the time."""
 
@@ -189,6 +209,7 @@ class Policy(_Strict):
     breaker: Breaker = Breaker()
     verify: Verify = Verify()
     correlation: Correlation = Correlation()
+    drain_and_reset: DrainAndReset = DrainAndReset()
 
     @field_validator("tolerances", mode="after")
     @classmethod
@@ -244,6 +265,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "breaker": Breaker,
     "verify": Verify,
     "correlation": Correlation,
+    "drain_and_reset": DrainAndReset,
 }
 
 

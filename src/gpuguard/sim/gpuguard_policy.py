@@ -176,6 +176,8 @@ class GpuguardPolicy:
             episode = self.episodes.get(name)
             draining = episode is not None and episode.phase is Phase.DRAINING
             moving = int(draining and (slot.job is not None or slot.drain_until > now))
+            # A deferred repair waits for the node's job (one per node in the simulator).
+            running = int(slot.job is not None)
             observations[name] = NodeObservation(
                 name=name,
                 pool=slot.pool,
@@ -185,6 +187,7 @@ class GpuguardPolicy:
                 unschedulable=slot.cordoned,
                 cordoned_by_us=index in self.ours,
                 pods_to_move=moving,
+                pods_on_gpus=running,
                 verify_requested_at=self.deep.requests.get(index),
                 verify=self.deep.answers.get(index),
                 domain=f"rack-{index // self.engine.scenario.fleet.nodes_per_rack}",
@@ -298,6 +301,9 @@ class GpuguardPolicy:
                     tolerance = policy.tolerance_for(layer.codes)
                     candidates.append(layer.since + policy.unknown_grace_s)
                     candidates.append(max(layer.since, opened) + tolerance)
+                    if layer.deferred:
+                        wait = policy.drain_and_reset.max_wait_s
+                        candidates.append(max(layer.since, opened) + wait)
             if episode is None:
                 continue
             timeout = {
