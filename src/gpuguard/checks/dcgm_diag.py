@@ -33,7 +33,9 @@ other     DCGM_DIAG_FAIL      critical  NONE       failed, cause unclassified: d
 ========  ==================  ========  =========  =========================================
 
 Overrides by error id are in :data:`ERROR_OVERRIDES`. A ``Warn`` result caps the severity at
-warning; warnings on a ``Pass`` result are info; skipped tests are one info finding per test.
+warning, and a repair it still asks for (RESET_GPU and up) is deferred: it waits for the
+GPU's running work to end (``Finding.deferred``); warnings on a ``Pass`` result are info;
+skipped tests are one info finding per test.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Verdict:
     severity: Severity
     action: Action
     why: str
+    deferred: bool = False  # the repair waits for running work (``Finding.deferred``)
 
 
 SEVERITY_NAMES = {1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
@@ -331,8 +334,11 @@ def _verdict(warning: DiagWarning, status: str) -> Verdict:
         _severity_name(warning), UNCLASSIFIED
     )
     if status == "warn" and verdict.severity > Severity.WARNING:
+        # The test only warned: the GPU still runs work, so a repair it asks for is
+        # deferred until that work ends (drain and reset) rather than dropped or done now.
         capped = f"{verdict.why} (the test only warned)"
-        return Verdict(verdict.code, Severity.WARNING, verdict.action, capped)
+        deferred = verdict.action >= Action.RESET_GPU
+        return Verdict(verdict.code, Severity.WARNING, verdict.action, capped, deferred)
     return verdict
 
 
@@ -361,6 +367,7 @@ def _finding(result: EntityResult, verdict: Verdict, warning: DiagWarning | None
         source=SOURCE,
         message=message,
         evidence=result.evidence,
+        deferred=verdict.deferred,
     )
 
 

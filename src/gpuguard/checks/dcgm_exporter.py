@@ -12,7 +12,7 @@ metric (per GPU)                   code                             severity  ac
 DCGM_FI_DEV_XID_ERRORS != 0        XID_<n> (the Xid catalog rule)   catalog   catalog
 DCGM_EXP_XID_ERRORS_COUNT > 0      XID_<n>                          catalog   catalog
 DCGM_FI_DEV_ROW_REMAP_FAILURE > 0  DCGM_ROW_REMAP_FAILURE           critical  RESET_GPU
-DCGM_FI_DEV_ROW_REMAP_PENDING > 0  DCGM_ROW_REMAP_PENDING           warning   RESET_GPU
+DCGM_FI_DEV_ROW_REMAP_PENDING > 0  DCGM_ROW_REMAP_PENDING           warning   RESET_GPU, deferred
 DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0  DCGM_ECC_DBE_VOLATILE            critical  RESET_GPU
 UNCORRECTABLE_REMAPPED_ROWS >=512  DCGM_UNCORRECTABLE_REMAPPED_ROWS warning   NONE
 UNCORRECTABLE_REMAPPED_ROWS > 0    DCGM_UNCORRECTABLE_REMAPPED_ROWS info      NONE
@@ -88,6 +88,8 @@ class CounterRule:
     severity: Severity
     action: Action
     why: str
+    # The repair waits for running work (``Finding.deferred``): drain and reset.
+    deferred: bool = False
 
 
 # Per metric, the first rule whose floor the value reaches decides (highest floor first).
@@ -106,7 +108,8 @@ COUNTER_RULES = (
         1,
         Severity.WARNING,
         Action.RESET_GPU,
-        "a row remap waits for a GPU reset to take effect",
+        "a row remap waits for a GPU reset to take effect (drain and reset)",
+        deferred=True,
     ),
     CounterRule(
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
@@ -213,6 +216,7 @@ def _counter_findings(sample: ExporterSample) -> list[Finding]:
                 SOURCE,
                 message,
                 line.line,
+                deferred=rule.deferred,
             )
         )
     return findings

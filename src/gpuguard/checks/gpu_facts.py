@@ -103,13 +103,14 @@ RULES: dict[str, tuple[Severity, Action]] = {
     # A failing row that no spare could replace: the memory is beyond in-field repair.
     "ROW_REMAP_FAILURE": (Severity.CRITICAL, Action.REPLACE),
     # The spare row takes effect only after a reset; until then the node is not Healthy.
+    # Deferred (see DEFERRED): DCGM's failure table says RESET, "drain and reset".
     "ROW_REMAP_PENDING": (Severity.WARNING, Action.RESET_GPU),
     # NVML cannot read remap state while MIG is on: say it was not measured rather than
     # fail every MIG node for good.
     "REMAP_STATUS_UNAVAILABLE": (Severity.INFO, Action.NONE),
     # DCGM warns at ROW_REMAP_UNCORRECTABLE_WARN remaps: spare rows are running out.
     "ROW_REMAP_UNCORRECTABLE_HIGH": (Severity.WARNING, Action.NONE),
-    # Pre-Ampere page retirement, like a remap, is applied at the next reset.
+    # Pre-Ampere page retirement, like a remap, is applied at the next reset (deferred).
     "RETIRED_PAGES_PENDING": (Severity.WARNING, Action.RESET_GPU),
     # Heat is a cooling or workload problem, not a broken GPU: no action on the GPU.
     "TEMPERATURE_ABOVE_SLOWDOWN": (Severity.WARNING, Action.NONE),
@@ -132,6 +133,15 @@ RULES: dict[str, tuple[Severity, Action]] = {
     # The driver's own verdict; the action text is mapped by xid_catalog.RECOVERY_ACTIONS.
     "RECOVERY_ACTION_REQUIRED": (Severity.CRITICAL, Action.RESET_GPU),
 }
+
+# Repairs that wait for running work (``Finding.deferred``, NVIDIA's "drain and reset"): the
+# GPU still computes correctly (the failing row or page is already out of use; the spare
+# takes over at the reset), so its jobs may finish while no new work lands; the controller
+# resets it when they have, or at its policy bound (``drain_and_reset.max_wait_s``).
+DEFERRED = frozenset({"ROW_REMAP_PENDING", "RETIRED_PAGES_PENDING"})
+# The driver's recovery actions that say the same in its own words (R565+ drivers); the
+# other actions ("GPU Reset Required", "Node Reboot Required") are repairs needed now.
+DEFERRED_RECOVERY_ACTIONS = frozenset({"drain and reset", "drain p2p"})
 
 # Clock event reasons that mean the hardware or the driver is holding clocks down. Idle,
 # SW power cap, sync boost and the clock settings are normal operation.
@@ -159,6 +169,7 @@ class _Verdict:
     evidence: str
     severity: Severity
     action: Action
+    deferred: bool
 
 
 def _verdict(
@@ -167,8 +178,11 @@ def _verdict(
     evidence: str,
     severity: Severity | None = None,
     action: Action | None = None,
+    *,
+    deferred: bool | None = None,
 ) -> _Verdict:
-    """A verdict with the code's severity and action from RULES unless given."""
+    """A verdict with the code's severity, action and deferral from RULES and DEFERRED
+    unless given."""
     default_severity, default_action = RULES[code]
     return _Verdict(
         code,
@@ -176,6 +190,7 @@ def _verdict(
         evidence,
         default_severity if severity is None else severity,
         default_action if action is None else action,
+        code in DEFERRED if deferred is None else deferred,
     )
 
 
@@ -207,6 +222,7 @@ def _finding(verdict: _Verdict, component: Component, source: str) -> Finding:
         source=source,
         message=prefix + verdict.message,
         evidence=verdict.evidence,
+        deferred=verdict.deferred,
     )
 
 
@@ -354,7 +370,8 @@ def _recovery_rule(facts: GpuFacts) -> Iterator[_Verdict]:
     ):
         if value:
             message = f"the driver reports {name.replace('_', ' ')}"
-            yield _verdict("RECOVERY_ACTION_REQUIRED", message, f"{name}=True")
+            deferred = name == "drain_and_reset_recommended"
+            yield _verdict("RECOVERY_ACTION_REQUIRED", message, f"{name}=True", deferred=deferred)
 
 
 def _recovery_verdict(text: str) -> _Verdict | None:
@@ -370,7 +387,10 @@ def _recovery_verdict(text: str) -> _Verdict | None:
         return _verdict("RECOVERY_ACTION_REQUIRED", message, evidence, action=Action.NONE)
     severity, action = known
     message = f"the driver's recovery action is '{text}'"
-    return _verdict("RECOVERY_ACTION_REQUIRED", message, evidence, severity, action)
+    deferred = key in DEFERRED_RECOVERY_ACTIONS and action is not Action.NONE
+    return _verdict(
+        "RECOVERY_ACTION_REQUIRED", message, evidence, severity, action, deferred=deferred
+    )
 
 
 def _reached(temperature: float | None, threshold: float | None) -> bool:

@@ -25,7 +25,8 @@ RULES: dict[str, tuple[Severity, Action]] = {
     "DEEP_SILENT_DATA_CORRUPTION": (Severity.CRITICAL, Action.RESET_GPU),
     "DEEP_DEVICE_ERROR": (Severity.CRITICAL, Action.RESET_GPU),
     "DEEP_MEMORY_PATTERN_ERRORS": (Severity.CRITICAL, Action.RESET_GPU),
-    # Fail-slow: one slow GPU holds back every synchronous step of a multi-GPU job.
+    # Fail-slow: one slow GPU holds back every synchronous step of a multi-GPU job. Its
+    # answers are right, so the reset is deferred (DEFERRED) until its work ends.
     "DEEP_MATMUL_SLOW": (Severity.WARNING, Action.RESET_GPU),
     "DEEP_MEMORY_BANDWIDTH_LOW": (Severity.WARNING, Action.RESET_GPU),
     "DEEP_PEER_BANDWIDTH_LOW": (Severity.WARNING, Action.RESET_GPU),
@@ -40,10 +41,26 @@ RULES: dict[str, tuple[Severity, Action]] = {
 }
 
 
+# Repairs that wait for running work (``Finding.deferred``): a slow GPU still computes
+# correctly, and the suite's own load (or a false positive, which the reset also settles)
+# is no reason to kill a job that is making progress on it.
+DEFERRED = frozenset({"DEEP_MATMUL_SLOW", "DEEP_MEMORY_BANDWIDTH_LOW", "DEEP_PEER_BANDWIDTH_LOW"})
+
+
 def finding(code: str, component: Component, message: str, evidence: str = "") -> Finding:
     severity, action = RULES[code]
     prefix = "" if component == NODE else f"{component.id}: "
-    return Finding(Layer.GPU, code, severity, action, component, SOURCE, prefix + message, evidence)
+    return Finding(
+        Layer.GPU,
+        code,
+        severity,
+        action,
+        component,
+        SOURCE,
+        prefix + message,
+        evidence,
+        deferred=code in DEFERRED,
+    )
 
 
 def judge(node: NodeMeasurement, table: FigureTable, deep: DeepChecks) -> list[Finding]:

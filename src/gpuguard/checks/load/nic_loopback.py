@@ -85,10 +85,14 @@ def judge_loopback(
                 _finding(
                     "DEEP_NIC_LOOPBACK_SLOW",
                     Severity.WARNING,
-                    Action.REBOOT,  # as for a link that trained down: renegotiate
+                    # As for a link that trained down: renegotiate. Deferred: the port is
+                    # up and its traffic arrives, only slowly, so the node's jobs may
+                    # finish first (no new work lands), then it is drained and rebooted.
+                    Action.REBOOT,
                     component,
                     f"{name}: loopback {gbps:.1f} Gb/s, below {slow_fraction:.0%} of the"
                     f" expected {expected_gbps:g} Gb/s",
+                    deferred=True,
                 )
             )
         elif median is not None and gbps < median * slow_fraction:
@@ -116,9 +120,17 @@ def judge_loopback(
 
 
 def _finding(
-    code: str, severity: Severity, action: Action, component: Component, message: str
+    code: str,
+    severity: Severity,
+    action: Action,
+    component: Component,
+    message: str,
+    *,
+    deferred: bool = False,
 ) -> Finding:
-    return Finding(Layer.NETWORK, code, severity, action, component, SOURCE, message)
+    return Finding(
+        Layer.NETWORK, code, severity, action, component, SOURCE, message, deferred=deferred
+    )
 
 
 class DeepNetworkCheck:
