@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuguard.checks.kernel_log import _EFA, _FALLEN, _KERNEL, _SXID, _XID, classify_log
+from gpuguard.checks.kernel_log import classify_log
+from gpuguard.checks.kernel_messages import _EFA, _KERNEL, _SXID, _XID, DRIVER_MESSAGES
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 LINES = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
@@ -70,7 +71,7 @@ def build_log(count: int) -> str:
 
 
 XID_ONLY = re.compile(r"NVRM: Xid.*?: (\d+),")
-RULES = [_XID, _SXID, _FALLEN, _EFA, _KERNEL]
+RULES = [_XID, _SXID, *(pattern for _, pattern in DRIVER_MESSAGES), _EFA, _KERNEL]
 
 
 def per_line_rules(text: str) -> int:

@@ -3,14 +3,15 @@
 A crashing job prints hundreds of Xid 13 lines on every GPU it used; that is one
 application incident that recommends at most killing the job. A hardware Xid gives one
 finding per GPU and code. Xid 45 follows the Xid it names; "fallen off the bus" without an
-Xid 79 still counts.
+Xid 79 still counts, and so does a fault whose line names no GPU we can read: it is then
+about the node.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpuguard.checks.xid_catalog import rule_for, xid_finding
@@ -26,7 +27,7 @@ from gpuguard.model import (
 )
 
 if TYPE_CHECKING:
-    from gpuguard.checks.kernel_log import KernelEvent
+    from gpuguard.checks.kernel_messages import KernelEvent
 
 _SXID_LINK = re.compile(r",\s*(Link \d+[^,]*)")
 
@@ -56,22 +57,36 @@ EFA_RULES: tuple[tuple[str, str, Severity, Action], ...] = (
     ("Failed to submit command", "EFA_COMMAND_FAILED", Severity.WARNING, Action.NONE),
 )
 
-# Kernel-level faults (matched kind) -> (layer, code, severity, action).
+# Kernel-level faults (matched words) -> (layer, code, severity, action).
 KERNEL_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     "soft lockup": (Layer.KERNEL, "KERNEL_SOFT_LOCKUP", Severity.WARNING, Action.NONE),
     "blocked for more than": (Layer.KERNEL, "KERNEL_HUNG_TASK", Severity.WARNING, Action.NONE),
     "kernel BUG at": (Layer.KERNEL, "KERNEL_BUG", Severity.CRITICAL, Action.REBOOT),
     "BUG: unable to handle": (Layer.KERNEL, "KERNEL_BUG", Severity.CRITICAL, Action.REBOOT),
     "Oops: ": (Layer.KERNEL, "KERNEL_OOPS", Severity.CRITICAL, Action.REBOOT),
-    "Hardware Error": (Layer.KERNEL, "MACHINE_CHECK", Severity.WARNING, Action.NONE),
-    "NVRM: API mismatch": (
-        Layer.KERNEL,
-        "NVIDIA_DRIVER_MISMATCH",
-        Severity.CRITICAL,
-        Action.REBOOT,
-    ),
-    "RmInitAdapter failed": (Layer.GPU, "GPU_INIT_FAILED", Severity.CRITICAL, Action.REBOOT),
 }
+# A hardware error the firmware (CPER/GHES "event severity"), the CPU (an MCA bank status
+# with its UC bit) or EDAC reports as not corrected: the machine's state is suspect and
+# only a restart clears it. A corrected one is worth a warning.
+MACHINE_CHECK = (Layer.KERNEL, "MACHINE_CHECK", Severity.WARNING, Action.NONE)
+MACHINE_CHECK_FATAL = (Layer.KERNEL, "MACHINE_CHECK_FATAL", Severity.CRITICAL, Action.REBOOT)
+# Driver messages that are not Xids (kernel_messages.DRIVER_MESSAGES' kinds).
+DRIVER_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
+    "fallen_off_bus": (Layer.GPU, "GPU_FALLEN_OFF_BUS", Severity.CRITICAL, Action.REBOOT),
+    "gpu_init_failed": (Layer.GPU, "GPU_INIT_FAILED", Severity.CRITICAL, Action.REBOOT),
+    "driver_mismatch": (Layer.KERNEL, "NVIDIA_DRIVER_MISMATCH", Severity.CRITICAL, Action.REBOOT),
+}
+# How many events back the line naming the GPU may stand from the line of the same
+# message that says what happened to it (other CPUs' lines can come between).
+_NAMED_WITHIN = 3
+# Machine-check severity words: CPER/GHES, the x86 MCE handler's own, EDAC's CE/UE.
+_CPER_SEVERITY = re.compile(r"event severity: (?P<word>\w+)")
+_MCA_STATUS = re.compile(r"Bank \d+: (?P<status>[0-9a-fA-F]{16})\b")
+_MCA_UNCORRECTED = 1 << 61  # IA32_MCi_STATUS.UC (Intel SDM vol. 3B, 16.3.2.2)
+_FATAL_WORDS = re.compile(
+    r"Machine Check Exception|Processor context corrupt|[Ff]atal machine check"
+    r"|Uncorrected hardware memory error|EDAC \S+: \d+ UE "
+)
 
 
 @dataclass
@@ -97,7 +112,7 @@ def findings_for_events(events: Sequence[KernelEvent], source: str) -> list[Find
     """One finding per incident, in the order incidents first appear."""
     findings: list[Finding] = []
     findings += _xid_findings([e for e in events if e.kind == "xid"], source)
-    findings += _fallen_off_bus_findings(events, source)
+    findings += _driver_findings(events, source)
     findings += _sxid_findings([e for e in events if e.kind == "sxid"], source)
     findings += _efa_findings([e for e in events if e.kind == "efa"], source)
     findings += _kernel_findings([e for e in events if e.kind == "kernel"], source)
@@ -133,11 +148,13 @@ def _xid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
 
 
 def _app_incident(code: int, group: _Group, source: str) -> Finding:
-    base = xid_finding(code, gpu(group.first.device), source, group.first.line, group.first.text)
+    base = xid_finding(
+        code, gpu_or_node(group.first.device), source, group.first.line, group.first.text
+    )
     parts = [f"Xid {code} ({rule_for(code).description}): one application incident"]
     parts.append(
         f"{group.lines} line(s) on {len(group.devices)} GPU(s) "
-        + ", ".join(gpu(d).id for d in group.devices)
+        + ", ".join(gpu_or_node(d).id for d in group.devices)
     )
     if group.followers:
         parts.append("followed by Xid " + "/".join(str(c) for c in sorted(group.followers)))
@@ -159,7 +176,7 @@ def _app_incident(code: int, group: _Group, source: str) -> Finding:
 def _hardware_xid(group: _Group, source: str) -> Finding:
     event = group.first
     code = event.code if event.code is not None else -1
-    component = gpu(event.device)
+    component = gpu_or_node(event.device)
     if code == 45 and event.caused_by is not None:
         followed = xid_finding(event.caused_by, component, source, event.line)
         return Finding(
@@ -177,34 +194,56 @@ def _hardware_xid(group: _Group, source: str) -> Finding:
         )
     finding = xid_finding(code, component, source, event.line, event.text)
     if group.lines > 1:
-        finding = _with_message(finding, f"{finding.message} ({group.lines} lines)")
+        finding = replace(finding, message=f"{finding.message} ({group.lines} lines)")
     return finding
 
 
-def _fallen_off_bus_findings(events: Sequence[KernelEvent], source: str) -> list[Finding]:
+def _driver_findings(events: Sequence[KernelEvent], source: str) -> list[Finding]:
+    """Findings for the driver's other messages, one per kind and component.
+
+    A message that names no GPU on its own line borrows the GPU from the line of the same
+    message just before it; one that names none at all is about the node: a GPU that fell
+    off the bus is a fault whether or not we can tell which one.
+    """
     with_xid79 = {gpu(e.device).id for e in events if e.kind == "xid" and e.code == 79}
-    reported: set[str] = set()
-    findings = []
-    for event in events:
-        if event.kind != "fallen_off_bus":
+    findings: dict[tuple[str, Component], Finding] = {}
+    named: tuple[int, str] | None = None  # (index, address) of the last line naming a GPU
+    for index, event in enumerate(events):
+        if event.kind == "gpu_named":
+            named = (index, event.device)
             continue
-        component = gpu(event.device)
-        if component.id in with_xid79 or component.id in reported:
+        rule = DRIVER_RULES.get(event.kind)
+        if rule is None:
             continue
-        reported.add(component.id)
-        findings.append(
-            Finding(
-                layer=Layer.GPU,
-                code="GPU_FALLEN_OFF_BUS",
-                severity=Severity.CRITICAL,
-                action=Action.REBOOT,
-                component=component,
-                source=source,
-                message=f"{component.id} has fallen off the PCIe bus (no Xid 79 logged)",
-                evidence=event.line,
+        device = event.device
+        if not device and named is not None and index - named[0] <= _NAMED_WITHIN:
+            device = named[1]
+        layer, code, severity, action = rule
+        component = gpu_or_node(device) if layer is Layer.GPU else NODE
+        if code == "GPU_FALLEN_OFF_BUS" and component.id in with_xid79:
+            continue  # the Xid 79 of the same GPU speaks for it
+        key = (code, component)
+        if key not in findings:
+            findings[key] = Finding(
+                layer,
+                code,
+                severity,
+                action,
+                component,
+                source,
+                _driver_message(code, component, device),
+                event.line,
             )
-        )
-    return findings
+    return list(findings.values())
+
+
+def _driver_message(code: str, component: Component, device: str) -> str:
+    who = component.id if device else "a GPU the message does not name"
+    if code == "GPU_FALLEN_OFF_BUS":
+        return f"{who} has fallen off the PCIe bus and no longer answers its driver"
+    if code == "GPU_INIT_FAILED":
+        return f"the driver could not initialise {who} (RmInitAdapter failed)"
+    return "the NVIDIA kernel module and its user-space libraries are of different versions"
 
 
 def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
@@ -262,35 +301,39 @@ def _efa_findings(events: list[KernelEvent], source: str) -> list[Finding]:
 def _kernel_findings(events: list[KernelEvent], source: str) -> list[Finding]:
     findings: dict[str, Finding] = {}
     for event in events:
-        for kind, (layer, code, severity, action) in KERNEL_RULES.items():
-            if event.text.startswith(kind) and code not in findings:
-                findings[code] = Finding(
-                    layer,
-                    code,
-                    severity,
-                    action,
-                    NODE,
-                    source,
-                    f"kernel reported: {event.text}",
-                    event.line,
-                )
+        rule = next((r for kind, r in KERNEL_RULES.items() if event.text.startswith(kind)), None)
+        if rule is None:
+            rule = MACHINE_CHECK_FATAL if machine_check_is_fatal(event.text) else MACHINE_CHECK
+        layer, code, severity, action = rule
+        if code not in findings:
+            findings[code] = Finding(
+                layer,
+                code,
+                severity,
+                action,
+                NODE,
+                source,
+                f"kernel reported: {event.text}",
+                event.line,
+            )
     return list(findings.values())
+
+
+def machine_check_is_fatal(text: str) -> bool:
+    """Whether a hardware error report says the error was not corrected."""
+    if (m := _CPER_SEVERITY.search(text)) is not None:
+        return m["word"].lower() in ("fatal", "recoverable")
+    if (m := _MCA_STATUS.search(text)) is not None:
+        return bool(int(m["status"], 16) & _MCA_UNCORRECTED)
+    return _FATAL_WORDS.search(text) is not None
+
+
+def gpu_or_node(device: str) -> Component:
+    """The GPU a line names, or the node when it names none we could read."""
+    return gpu(device) if device else NODE
 
 
 def _process_label(event: KernelEvent) -> str:
     if event.process and event.pid:
         return f"{event.process} (pid {event.pid})"
     return event.process or (f"pid {event.pid}" if event.pid else "")
-
-
-def _with_message(finding: Finding, message: str) -> Finding:
-    return Finding(
-        finding.layer,
-        finding.code,
-        finding.severity,
-        finding.action,
-        finding.component,
-        finding.source,
-        message,
-        finding.evidence,
-    )

@@ -1,137 +1,89 @@
-"""Kernel log scanning: Xid, SXid, fallen-off-bus, EFA driver and kernel faults.
+"""Kernel log scanning: finding the lines worth parsing, fast, in any collector's shape.
 
 The kernel log is the layer that still works when DCGM, NVML and nvidia-smi do not, so it
-is always read. Scanning is two-step for speed: one regular expression finds the few lines
-worth parsing (a node's boot log is mostly other drivers' chatter), then each such line is
-parsed whatever the collector's prefix (``dmesg``, ``dmesg -T``, ISO, ``--decode``,
-journald, raw ``/dev/kmsg``).
+is always read. Scanning is two-step for speed: a byte-level multi-pattern search (a SIMD
+Aho-Corasick automaton) finds the few lines that contain a marker (a node's boot log is
+mostly other drivers' chatter), and only those lines are decoded and parsed by the
+grammar in :mod:`gpuguard.checks.kernel_messages`, whatever the collector's prefix
+(``dmesg``, ``dmesg -T``, ISO, ``--decode``, journald, raw ``/dev/kmsg``).
+
+One printk call can hold several lines (the driver's "fallen off the bus" message has
+three). Collectors deliver them as separate records, as one journald entry whose lines
+follow each other, or as one ``/dev/kmsg`` record with the newlines escaped as ``\\x0a``;
+every shape ends up as the same sequence of lines here.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import ClassVar
+
+import ahocorasick_rs
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.kernel_incidents import findings_for_events
+from gpuguard.checks.kernel_messages import KernelEvent, parse_line
 from gpuguard.model import Finding, Layer
 from gpuguard.sources import Artifact
 
-# Lines containing none of these are never parsed further. Plain substrings, searched
-# one at a time with str.find: far faster in CPython than one regex alternation.
+__all__ = ["KernelEvent", "classify_log", "parse_line", "relevant_lines", "scan"]
+
+# A line holding none of these is never decoded or parsed. Every pattern of the grammar
+# contains one of them (tests/unit/test_kernel_messages.py checks that).
 MARKERS = (
-    "NVRM: ",
-    "SXid (",
-    "infiniband ",
-    "efa ",
-    "BUG",  # "BUG: soft lockup", "kernel BUG at", "BUG: unable to handle"
-    "blocked for more than",
-    "Oops: ",
-    "Hardware Error",
+    b"NVRM",
+    b"Xid",  # also an Xid or SXid line whose "NVRM:" prefix a log shipper dropped
+    b"fallen off the bus",
+    b"infiniband ",
+    b"efa ",
+    b"BUG",  # "BUG: soft lockup", "kernel BUG at", "BUG: unable to handle"
+    b"blocked for more than",
+    b"Oops",
+    b"Hardware Error",
+    b"Machine check",
+    b"EDAC ",
 )
-
-_BDF = r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
-_XID = re.compile(
-    rf"NVRM: Xid \((?:PCI:)?(?P<bdf>{_BDF})(?: GPU-I:(?P<gi>\d+))?\): "
-    r"(?P<code>\d+),?\s*(?P<text>.*)"
+# Leftmost-first matching is what lets the automaton use its SIMD prefilter.
+_FINDER = ahocorasick_rs.BytesAhoCorasick(
+    list(MARKERS), matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_FIRST
 )
-_SXID = re.compile(
-    rf"(?P<switch>nvidia-nvswitch\d+): SXid \((?:PCI:)?(?P<bdf>{_BDF}(?:\.[0-7])?)\): "
-    r"(?P<code>\d+),?\s*(?P<text>.*)"
-)
-_FALLEN = re.compile(
-    rf"NVRM: (?:The NVIDIA )?GPU (?:at )?(?:PCI:)?(?P<bdf>{_BDF}(?:\.[0-7])?)\b.*fallen off the bus"
-)
-_PROCESS = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?, name=(?P<name>[^,]*),\s*")
-_CAUSED_BY = re.compile(r"caused by previous Xid (?P<code>\d+)")
-# EFA's driver logs as "efa <pci>:" or through the RDMA core as "infiniband <ibdev>:".
-_EFA = re.compile(
-    rf"(?:infiniband (?P<ibdev>(?:rdmap\w+|efa_\d+))|efa (?P<pci>{_BDF}\.[0-7])): (?P<text>.*)"
-)
-_KERNEL = re.compile(
-    r"(?P<kind>soft lockup|blocked for more than \d+ seconds|kernel BUG at|BUG: unable to handle"
-    r"|Oops: |Hardware Error|NVRM: API mismatch|RmInitAdapter failed)"
-)
+# How /dev/kmsg escapes the newlines inside one record.
+KMSG_NEWLINE = "\\x0a"
 
 
-@dataclass(frozen=True)
-class KernelEvent:
-    """One relevant kernel log line, parsed.
+def relevant_lines(log: bytes | str) -> Iterator[str]:
+    """The lines of ``log`` that contain a marker, each once, in log order.
 
-    ``kind`` is ``xid``, ``sxid``, ``fallen_off_bus``, ``efa`` or ``kernel``; ``device`` is
-    the PCI bus id (GPU, NVSwitch, EFA) or RDMA device name; ``code`` the Xid/SXid number.
+    Lines are split on newlines and on ``/dev/kmsg``'s escaped ``\\x0a``, so a multi-line
+    message reads the same from every collector.
     """
-
-    kind: str
-    line: str
-    device: str = ""
-    code: int | None = None
-    text: str = ""
-    pid: str | None = None
-    process: str | None = None
-    caused_by: int | None = None
-    gpu_instance: int | None = None
-
-
-def relevant_lines(text: str) -> Iterator[str]:
-    """The lines of ``text`` that contain a marker, each once, in log order."""
-    starts: set[int] = set()
-    for marker in MARKERS:
-        position = text.find(marker)
-        while position >= 0:
-            line_start = text.rfind("\n", 0, position) + 1
-            starts.add(line_start)
-            line_end = text.find("\n", position)
-            if line_end < 0:
-                break
-            position = text.find(marker, line_end)
-    for start in sorted(starts):
-        end = text.find("\n", start)
-        yield text[start : end if end >= 0 else len(text)].rstrip("\r")
+    data = log.encode("utf-8", errors="surrogatepass") if isinstance(log, str) else log
+    next_line = 0  # the end of the last line yielded: later matches in it are skipped
+    for _, start, _ in _FINDER.find_matches_as_indexes(data):
+        if start < next_line:
+            continue
+        line_start = data.rfind(b"\n", 0, start) + 1
+        line_end = data.find(b"\n", start)
+        if line_end < 0:
+            line_end = len(data)
+        next_line = line_end
+        line = data[line_start:line_end].decode("utf-8", errors="replace").rstrip("\r")
+        yield from split_record(line)
 
 
-def parse_line(line: str) -> KernelEvent | None:
-    """The event a kernel log line records, or None if it records nothing we act on."""
-    if (m := _XID.search(line)) is not None:
-        text = m["text"]
-        pid = process = None
-        if (p := _PROCESS.match(text)) is not None:
-            pid = None if p["pid"] == "<unknown>" else p["pid"]
-            process = None if p["name"] in ("<unknown>", "") else p["name"]
-            text = text[p.end() :]
-        caused = _CAUSED_BY.search(text)
-        return KernelEvent(
-            kind="xid",
-            line=line,
-            device=m["bdf"],
-            code=int(m["code"]),
-            text=text,
-            pid=pid,
-            process=process,
-            caused_by=int(caused["code"]) if caused else None,
-            gpu_instance=int(m["gi"]) if m["gi"] else None,
-        )
-    if (m := _SXID.search(line)) is not None:
-        return KernelEvent("sxid", line, m["bdf"], int(m["code"]), m["text"], process=m["switch"])
-    if (m := _FALLEN.search(line)) is not None:
-        return KernelEvent("fallen_off_bus", line, m["bdf"])
-    if (m := _EFA.search(line)) is not None:
-        return KernelEvent("efa", line, m["ibdev"] or m["pci"], text=m["text"])
-    if (m := _KERNEL.search(line)) is not None:
-        return KernelEvent("kernel", line, text=m["kind"])
-    return None
+def split_record(line: str) -> Iterable[str]:
+    """One ``/dev/kmsg`` record's lines (``\\x0a`` escapes a newline inside a record)."""
+    return line.split(KMSG_NEWLINE) if KMSG_NEWLINE in line else (line,)
 
 
-def scan(text: str) -> list[KernelEvent]:
+def scan(log: bytes | str) -> list[KernelEvent]:
     """Every event in a kernel log, in log order."""
-    return [event for line in relevant_lines(text) if (event := parse_line(line)) is not None]
+    return [event for line in relevant_lines(log) if (event := parse_line(line)) is not None]
 
 
-def classify_log(text: str, source: str = "kernel-log") -> list[Finding]:
+def classify_log(log: bytes | str, source: str = "kernel-log") -> list[Finding]:
     """Findings for a whole kernel log."""
-    return findings_for_events(scan(text), source)
+    return findings_for_events(scan(log), source)
 
 
 class KernelLogCheck:

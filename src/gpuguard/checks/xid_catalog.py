@@ -113,13 +113,16 @@ NVLINK5_NONFATAL = BucketRule(
 RECOVERY_ACTIONS: dict[str, tuple[Severity, Action]] = {
     "none": (Severity.INFO, Action.NONE),
     "gpu reset required": (Severity.CRITICAL, Action.RESET_GPU),
+    # NVIDIA: running work may finish; no new work, then reset (a deferred repair).
     "drain and reset": (Severity.CRITICAL, Action.RESET_GPU),
+    # NVIDIA: end the processes doing peer-to-peer traffic now, then ask again.
     "drain p2p": (Severity.CRITICAL, Action.RESET_GPU),
     "bus reset": (Severity.CRITICAL, Action.RESET_GPU),
     "node reboot required": (Severity.CRITICAL, Action.REBOOT),
     "system reboot": (Severity.CRITICAL, Action.REBOOT),
     "recover imex domain": (Severity.CRITICAL, Action.REBOOT),
 }
+DEFERRED_RECOVERY = "drain and reset"
 
 _RECOVERY_CHANGE = re.compile(r"to 0x[0-9a-fA-F]+ \((?P<to>[^)]*)\)")
 _NVLINK5_SEVERITY = re.compile(r"\b(?P<word>Fatal|Non-?fatal)\b", re.IGNORECASE)
@@ -159,10 +162,10 @@ def judge_line(xid: int, text: str) -> tuple[Severity, Action, str]:
     """Severity, action and reason for one Xid, using the line's text where it decides."""
     rule = rule_for(xid)
     if xid == 154:
-        match = _RECOVERY_CHANGE.search(text)
-        verdict = RECOVERY_ACTIONS.get(match["to"].strip().lower()) if match else None
+        recovery = recovery_action(text)
+        verdict = RECOVERY_ACTIONS.get(recovery.lower()) if recovery else None
         if verdict:
-            return (*verdict, f"driver recovery action is now '{match['to']}'")  # type: ignore[index]
+            return (*verdict, f"driver recovery action is now '{recovery}'")
         return rule.severity, rule.action, rule.why
     if xid in NVLINK5_XIDS:
         word = _NVLINK5_SEVERITY.search(text)
@@ -173,12 +176,19 @@ def judge_line(xid: int, text: str) -> tuple[Severity, Action, str]:
     return rule.severity, rule.action, rule.why
 
 
+def recovery_action(text: str) -> str | None:
+    """The recovery action an Xid 154 line changes to ("Drain and Reset"), if it names one."""
+    match = _RECOVERY_CHANGE.search(text)
+    return match["to"].strip() if match else None
+
+
 def xid_finding(
     xid: int, component: Component, source: str, evidence: str, text: str = ""
 ) -> Finding:
     """The finding for one Xid on one GPU; ``text`` is the driver's message after the code."""
     rule = rule_for(xid)
     severity, action, why = judge_line(xid, text or evidence)
+    deferred = xid == 154 and (recovery_action(text or evidence) or "").lower() == DEFERRED_RECOVERY
     return Finding(
         layer=Layer.GPU,
         code=f"XID_{xid}",
@@ -188,4 +198,5 @@ def xid_finding(
         source=source,
         message=f"Xid {xid} ({rule.description}) on {component.id}: {why}",
         evidence=evidence,
+        deferred=deferred,
     )

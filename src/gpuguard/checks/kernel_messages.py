@@ -1,0 +1,126 @@
+"""The grammar of the kernel log lines gpuguard acts on: one line in, one event out.
+
+The patterns follow the format strings of NVIDIA's kernel driver (open-gpu-kernel-modules,
+branches 515 to 590; each string, its file and the finding it yields are listed in
+``data/kernel_messages.csv``) and of the Linux kernel's own fault reports. They are
+deliberately loose about what varies between branches and collectors: a PCI address
+comes with or without the domain (4 or 8 digits) and with or without the function, the
+``PCI:`` tag and the ``NVRM:`` prefix may be missing, and any timestamp or host prefix may
+stand in front. A message the driver uses for a fatal fault must never slip through
+because of its spelling.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# A PCI address as the driver and the tools print it: "0000:3b:00", "00000000:3B:00.0",
+# "3b:00.0". The domain and the function are optional.
+PCI_ADDRESS = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_ADDRESS = re.compile(rf"(?<![0-9a-fA-F:])(?:PCI:)?(?P<bdf>{PCI_ADDRESS})(?![0-9a-fA-F:])")
+# Outside an Xid's parentheses an address counts only where the driver names a GPU with
+# it ("GPU 0000:3b:00.0: ...", "GPU at PCI:0000:3b:00"), never a time such as "+00:00".
+_NAMED_ADDRESS = re.compile(
+    rf"(?:PCI:|GPU (?:at )?(?:PCI:)?)(?P<bdf>{PCI_ADDRESS})(?![0-9a-fA-F:])"
+)
+_GPU_INSTANCE = re.compile(r"GPU-I:(?P<gi>\d+)")
+
+_XID = re.compile(r"(?<![A-Za-z])Xid\s*\((?P<where>[^)]*)\)\s*:\s*(?P<code>\d+),?\s*(?P<text>.*)")
+_SXID = re.compile(
+    r"(?:(?P<switch>nvidia-nvswitch\d+):\s*)?SXid\s*\((?P<where>[^)]*)\)\s*:\s*"
+    r"(?P<code>\d+),?\s*(?P<text>.*)"
+)
+_PROCESS = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?, name=(?P<name>[^,]*),\s*")
+_CAUSED_BY = re.compile(r"caused by previous Xid (?P<code>\d+)")
+
+# The first line of the driver's three-line "fallen off the bus" message names the GPU;
+# the line that says so may not (nv.c: "NVRM: The NVIDIA GPU %04x:%02x:%02x.%x\n
+# NVRM: (PCI ID: %04x:%04x) installed in this system has\nNVRM: fallen off the bus ...").
+_GPU_NAMED = re.compile(rf"The NVIDIA GPU (?:at )?(?:PCI:)?(?P<bdf>{PCI_ADDRESS})")
+# Driver messages other than Xids, by the words that identify them (kernel_incidents maps
+# each kind to its finding). Order matters: the first that matches wins.
+DRIVER_MESSAGES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("fallen_off_bus", re.compile(r"fallen off the bus|lost from the bus", re.IGNORECASE)),
+    ("gpu_init_failed", re.compile(r"RmInitAdapter failed|rm_init_adapter failed")),
+    ("driver_mismatch", re.compile(r"API mismatch")),
+)
+# EFA's driver logs as "efa <pci>:" or through the RDMA core as "infiniband <ibdev>:".
+_EFA = re.compile(
+    rf"(?:infiniband (?P<ibdev>(?:rdmap\w+|efa_\d+))|efa (?P<pci>{PCI_ADDRESS})): (?P<text>.*)"
+)
+# Kernel-level faults; kernel_incidents.KERNEL_RULES maps the matched words to findings.
+_KERNEL = re.compile(
+    r"(?P<kind>soft lockup|blocked for more than \d+ seconds|kernel BUG at|BUG: unable to handle"
+    r"|Oops: |Hardware Error|Machine check|EDAC \S+: \d+ (?:CE|UE) )"
+)
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One relevant kernel log line, parsed.
+
+    ``kind`` is ``xid``, ``sxid``, ``gpu_named`` (a line that names the GPU the next lines
+    of the same message are about), one of :data:`DRIVER_MESSAGES`' kinds, ``efa`` or
+    ``kernel``; ``device`` is the PCI bus id (GPU, NVSwitch, EFA) or RDMA device name as
+    printed ("" when the line names none); ``code`` the Xid/SXid number.
+    """
+
+    kind: str
+    line: str
+    device: str = ""
+    code: int | None = None
+    text: str = ""
+    pid: str | None = None
+    process: str | None = None
+    caused_by: int | None = None
+    gpu_instance: int | None = None
+
+
+def parse_line(line: str) -> KernelEvent | None:
+    """The event a kernel log line records, or None if it records nothing we act on."""
+    if (m := _SXID.search(line)) is not None:
+        return KernelEvent(
+            "sxid", line, _address(m["where"]), int(m["code"]), m["text"], process=m["switch"]
+        )
+    if (m := _XID.search(line)) is not None:
+        return _xid_event(line, m)
+    if (m := _GPU_NAMED.search(line)) is not None and "fallen off" not in line:
+        return KernelEvent("gpu_named", line, m["bdf"])
+    for kind, pattern in DRIVER_MESSAGES:
+        if (match := pattern.search(line)) is not None:
+            device = _address(line[: match.start()], _NAMED_ADDRESS)
+            return KernelEvent(kind, line, device, text=match[0])
+    if (m := _EFA.search(line)) is not None:
+        return KernelEvent("efa", line, m["ibdev"] or m["pci"], text=m["text"])
+    if (m := _KERNEL.search(line)) is not None:
+        return KernelEvent("kernel", line, text=line[m.start() :])
+    return None
+
+
+def _xid_event(line: str, m: re.Match[str]) -> KernelEvent:
+    text = m["text"]
+    pid = process = None
+    if (p := _PROCESS.match(text)) is not None:
+        pid = None if p["pid"] == "<unknown>" else p["pid"]
+        process = None if p["name"] in ("<unknown>", "") else p["name"]
+        text = text[p.end() :]
+    caused = _CAUSED_BY.search(text)
+    instance = _GPU_INSTANCE.search(m["where"])
+    return KernelEvent(
+        kind="xid",
+        line=line,
+        device=_address(m["where"]),
+        code=int(m["code"]),
+        text=text,
+        pid=pid,
+        process=process,
+        caused_by=int(caused["code"]) if caused else None,
+        gpu_instance=int(instance["gi"]) if instance else None,
+    )
+
+
+def _address(text: str, pattern: re.Pattern[str] = _ADDRESS) -> str:
+    """The last PCI address in ``text`` ("" when there is none)."""
+    found = pattern.findall(text)
+    return found[-1] if found else ""
