@@ -106,6 +106,52 @@ class DeepChecks(BaseModel):
     )
 
 
+# Link layers as the network check names them: sysfs's "InfiniBand" and "Ethernet" (RoCE),
+# and "EFA" for any other (AWS EFA's sysfs link_layer reads "Unknown").
+LinkLayer = Literal["InfiniBand", "Ethernet", "EFA"]
+
+
+class LinkExpectation(BaseModel):
+    """What the node's RDMA fabric ports of one link layer should be."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ports: int | None = Field(
+        default=None, ge=0, description="Fabric ports of this link layer the node must have"
+    )
+    gbps: float | None = Field(
+        default=None, gt=0, description="Minimum rate of each active fabric port, Gb/s"
+    )
+
+
+class DevicePatterns(BaseModel):
+    """Which RDMA devices (by name, shell-style globs such as ``mlx5_*``) form the fabric."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    include: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None,
+        description="When set, exactly the devices matching one of these are the fabric;"
+        " the others are not judged",
+    )
+    exclude: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Devices never judged nor counted (wins over include)"
+    )
+
+
+class NetworkConfig(BaseModel):
+    """The RDMA fabric: which ports belong to it, and what it should have."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    devices: DevicePatterns = Field(default_factory=DevicePatterns)
+    expected: dict[LinkLayer, LinkExpectation] = Field(
+        default_factory=dict,
+        description="Per link layer: fabric port count and minimum rate. An Ethernet entry"
+        " on a node with InfiniBand or EFA makes its Ethernet ports candidates for the fabric",
+    )
+
+
 class Config(BaseModel):
     """Everything ``gpuguard check`` can be told; every key is optional."""
 
@@ -118,8 +164,11 @@ class Config(BaseModel):
     expected_link_gbps: float | None = Field(
         default=None,
         gt=0,
-        description="Minimum rate of every active InfiniBand port (of every port when the"
-        " node has no InfiniBand), Gb/s",
+        description="Minimum rate of every active RDMA fabric port (see network) whose link"
+        " layer has no network.expected.<layer>.gbps, Gb/s",
+    )
+    network: NetworkConfig = Field(
+        default_factory=NetworkConfig, description="RDMA fabric roles and expectations"
     )
     fail_closed: bool = Field(
         default=True, description="Report a layer whose checks gave no verdict as Unhealthy"
@@ -195,8 +244,20 @@ def build_config(data: dict[str, Any], origin: str) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        message = describe_invalid(exc, origin, "configuration", lambda _: Config)
+        message = describe_invalid(exc, origin, "configuration", _section_of)
         raise ConfigError(message) from None
+
+
+def _section_of(loc: list[str]) -> type[BaseModel]:
+    """The model that owns the last key of ``loc`` (``network.devices.x`` -> DevicePatterns)."""
+    model: type[BaseModel] = Config
+    for key in loc[:-1]:
+        field = model.model_fields.get(key)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            break
+        model = annotation
+    return model
 
 
 def load_config(path: Path | None) -> Config:
