@@ -2,7 +2,9 @@
 
 The layout is what :class:`gpuguard.sources.BundleSources` reads: one file per
 :class:`~gpuguard.sources.Artifact`, ``dcgmi-diag.exitcode``, and ``sysfs/`` (plus
-``sysfs-later/``, a second counter sample) mirroring ``/sys/class/infiniband``. Nothing
+``sysfs-later/``, a second counter sample) mirroring ``/sys/class/infiniband`` (a bundle
+made by hand may copy all of ``/sys`` instead: see
+:func:`gpuguard.sources.locate_infiniband_copy`). Nothing
 that fails to collect stops the rest; ``manifest.json`` says what was captured and why
 anything was not.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuguard.config import Config
-from gpuguard.errors import CheckFailed, CheckTimedOut, ToolMissing
+from gpuguard.errors import CheckFailed, CheckTimedOut, ParseError, ToolMissing
 
 MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 
@@ -266,10 +266,10 @@ class BundleSources:
         return output
 
     def infiniband_root(self) -> Path:
-        return self.root / "sysfs"
+        return locate_infiniband_copy(self.root / "sysfs")
 
     def infiniband_root_later(self) -> Path | None:
-        later = self.root / "sysfs-later"
+        later = locate_infiniband_copy(self.root / "sysfs-later")
         return later if later.is_dir() else None
 
     def boot_id(self) -> str:
@@ -283,6 +283,31 @@ class BundleSources:
             if kmsg.exists() or not (self.root / "dmesg.log").exists()
             else self.root / "dmesg.log"
         )
+
+
+def locate_infiniband_copy(copy: Path) -> Path:
+    """Where a bundle's copy of ``/sys/class/infiniband`` is, in either layout.
+
+    ``copy`` may mirror ``/sys/class/infiniband`` itself (``<device>/ports/<n>/``, what
+    ``gpuguard bundle collect`` writes) or the whole of ``/sys`` (``class/infiniband/``
+    inside). A missing ``copy``, or a copy of ``/sys`` without ``class/infiniband``, gives a
+    path that does not exist: the bundle has no RDMA sysfs, and ibstat is read instead. A
+    directory that is neither layout is a :class:`ParseError` naming it, never a device
+    called ``class``.
+    """
+    if not copy.is_dir():
+        return copy
+    nested = copy / "class" / "infiniband"
+    if nested.is_dir() or (copy / "class").is_dir():
+        return nested
+    entries = sorted(p.name for p in copy.iterdir())
+    if not entries or any((copy / name / "ports").is_dir() for name in entries):
+        return copy
+    shown = ", ".join(entries[:8]) + (", ..." if len(entries) > 8 else "")
+    raise ParseError(
+        f"{copy}: neither a copy of /sys/class/infiniband (no <device>/ports/ in it) nor of"
+        f" /sys (no class/infiniband/ in it); it holds: {shown}"
+    )
 
 
 def _recorded_exit_code(root: Path) -> int:
