@@ -57,17 +57,17 @@ def test_ibstat_all_active_is_healthy() -> None:
     assert problems(evaluate_ports(ports, 12, None, "ibstat")) == []
 
 
-def test_ibstat_some_ports_down_names_exactly_the_down_ports() -> None:
-    findings = evaluate_ports(parse_ibstat(read_data(SOME_DOWN)), None, None, "ibstat")
-    assert codes(findings) == {"IB_LINK_DOWN": {"mlx5_2/1", "mlx5_7/1", "mlx5_8/1"}}
-    assert all(f.severity is Severity.CRITICAL and f.action is Action.REBOOT for f in findings)
-    assert {f.source for f in findings} == {"ibstat"}
+def test_ibstat_disabled_front_end_ethernet_beside_infiniband_is_not_judged() -> None:
+    # mlx5_2, mlx5_7 and mlx5_8 are ConnectX-6 Dx Ethernet ports, Down and Disabled, next to
+    # eight active NDR InfiniBand ports: the front end, administratively off, not a fault.
+    ports = parse_ibstat(read_data(SOME_DOWN))
+    assert {p.name for p in ports if not p.link_up} == {"mlx5_2/1", "mlx5_7/1", "mlx5_8/1"}
+    assert evaluate_ports(ports, 12, None, "ibstat") == []
 
 
 def test_expected_rate_applies_to_infiniband_ports_not_the_ethernet_front_end() -> None:
     # The 100G Ethernet ports next to 400G InfiniBand ones are the front-end network.
-    findings = evaluate_ports(parse_ibstat(read_data(SOME_DOWN)), 12, 400, "ibstat")
-    assert set(codes(findings)) == {"IB_LINK_DOWN"}
+    assert evaluate_ports(parse_ibstat(read_data(SOME_DOWN)), 12, 400, "ibstat") == []
 
 
 def test_ibpanic_keeps_the_printed_ports_and_names_the_failed_device() -> None:
@@ -132,13 +132,25 @@ def test_sysfs_h100_tree_reads_and_is_healthy(tmp_path: Path) -> None:
     assert evaluate_ports(ports, 3, 400, "sysfs") == []
 
 
-def test_sysfs_port_down(tmp_path: Path) -> None:
+def test_sysfs_fabric_port_disabled_is_a_warning_without_action(tmp_path: Path) -> None:
     root = h100_tree(tmp_path)
     write(root, "mlx5_7/ports/1/state", "1: DOWN")
     write(root, "mlx5_7/ports/1/phys_state", "3: Disabled")
     findings = evaluate_ports(read_infiniband_sysfs(root), None, None, "sysfs")
+    assert codes(findings) == {"PORT_DISABLED": {"mlx5_7/1"}}
+    disabled = findings[0]
+    assert (disabled.severity, disabled.action) == (Severity.WARNING, Action.NONE)
+    assert "Disabled" in disabled.message and disabled.component == nic("mlx5_7", 1)
+
+
+def test_sysfs_port_down_polling(tmp_path: Path) -> None:
+    root = h100_tree(tmp_path)
+    write(root, "mlx5_7/ports/1/state", "1: DOWN")
+    write(root, "mlx5_7/ports/1/phys_state", "2: Polling")
+    findings = evaluate_ports(read_infiniband_sysfs(root), None, None, "sysfs")
     assert codes(findings) == {"IB_LINK_DOWN": {"mlx5_7/1"}}
     assert "DOWN" in findings[0].message and findings[0].component == nic("mlx5_7", 1)
+    assert (findings[0].severity, findings[0].action) == (Severity.CRITICAL, Action.REBOOT)
 
 
 def test_sysfs_active_but_polling_is_down(tmp_path: Path) -> None:
@@ -302,8 +314,10 @@ def test_sysfs_wins_over_ibstat(tmp_path: Path) -> None:
 
 def test_ibstat_fallback_when_sysfs_is_absent(tmp_path: Path) -> None:
     shutil.copy(DATA / SOME_DOWN, tmp_path / "ibstat.txt")
-    findings = run_check(BundleSources(tmp_path))
-    assert codes(findings) == {"IB_LINK_DOWN": {"mlx5_2/1", "mlx5_7/1", "mlx5_8/1"}}
+    assert run_check(BundleSources(tmp_path), Config(expected_nics=12)) == []
+    findings = run_check(BundleSources(tmp_path), Config(expected_nics=13))
+    assert codes(findings) == {"NIC_COUNT_MISMATCH": {"node"}}
+    assert findings[0].source == "ibstat" and "mlx5_11" in findings[0].evidence
 
 
 def test_no_adapters_but_some_expected_is_critical(tmp_path: Path) -> None:
@@ -356,3 +370,38 @@ def test_live_ibstat_failing_without_ibpanic_is_check_failed(tmp_path: Path) -> 
     config = fake_ibstat(tmp_path, ALL_ACTIVE, 1)
     with pytest.raises(CheckFailed):
         run_check(LiveSources(config), config)
+
+
+# --- bundle sysfs layouts -------------------------------------------------------------------
+
+
+def test_bundle_sysfs_may_be_a_copy_of_all_of_sys(tmp_path: Path) -> None:
+    h100_tree(tmp_path / "sysfs" / "class" / "infiniband")
+    later = h100_tree(tmp_path / "sysfs-later" / "class" / "infiniband")
+    (tmp_path / "sysfs" / "class" / "net" / "eth0").mkdir(parents=True)
+    (tmp_path / "sysfs" / "devices" / "system").mkdir(parents=True)
+    write(tmp_path / "sysfs", "kernel/mm/transparent_hugepage/enabled", "never")
+    write(later, "mlx5_0/ports/1/counters/symbol_error", "3")
+    sources = BundleSources(tmp_path)
+    assert sources.infiniband_root() == tmp_path / "sysfs" / "class" / "infiniband"
+    findings = run_check(sources, Config(expected_nics=3))
+    assert codes(findings) == {"IB_ERROR_COUNTER_RISING": {"mlx5_0/1"}}
+
+
+def test_bundle_sysfs_of_neither_layout_is_a_parse_error_naming_it(tmp_path: Path) -> None:
+    write(tmp_path / "sysfs", "block/sda/size", "1000")
+    (tmp_path / "sysfs" / "bus" / "pci").mkdir(parents=True)
+    with pytest.raises(ParseError) as error:
+        run_check(BundleSources(tmp_path))
+    message = str(error.value)
+    assert str(tmp_path / "sysfs") in message and "/sys/class/infiniband" in message
+    assert "block, bus" in message
+
+
+def test_bundle_copy_of_sys_without_rdma_devices_falls_back_to_ibstat(tmp_path: Path) -> None:
+    (tmp_path / "sysfs" / "class" / "net").mkdir(parents=True)
+    with pytest.raises(ToolMissing, match="sysfs/class/infiniband does not exist"):
+        run_check(BundleSources(tmp_path))
+    shutil.copy(DATA / SOME_DOWN, tmp_path / "ibstat.txt")
+    findings = run_check(BundleSources(tmp_path), Config(expected_nics=13))
+    assert findings[0].source == "ibstat"

@@ -1,38 +1,83 @@
-"""RDMA network layer: adapter count, port state and rate, and rising error counters.
+"""RDMA network layer: which ports form the fabric, and whether those ports are fit for it.
 
-Reads ``/sys/class/infiniband`` (InfiniBand HCAs and AWS EFA alike), or ``ibstat`` where no
-sysfs copy exists. What the findings mean:
+Reads ``/sys/class/infiniband`` (InfiniBand HCAs, RoCE NICs and AWS EFA alike), or
+``ibstat`` where no sysfs copy exists. Not every RDMA port there is part of the fabric that
+jobs use: a node's front-end Ethernet NICs appear too, often administratively down. So each
+port first gets a role (:func:`assign_roles`), and only fabric ports are judged; a port
+outside the fabric never gets a finding that asks for an action.
 
-- ``NIC_COUNT_MISMATCH`` (critical, REPLACE): fewer RDMA adapters than expected. A
+Roles, in order: ``network.devices.exclude`` takes a device out; ``network.devices.include``,
+when set, makes exactly its devices the fabric. Otherwise they are inferred:
+
+- InfiniBand and EFA ports are fabric.
+- Ethernet ports beside InfiniBand or EFA ports are the front end, unless
+  ``network.expected.Ethernet`` is set (then they are judged as on an all-Ethernet node).
+- On an all-Ethernet node (RoCE) a port is fabric only if it is in use (physical state
+  ``LinkUp``, or unreadable: fail closed) and of the adapter model most in-use ports have;
+  a port of another model is taken for a front-end NIC. Among ports of that model, with
+  ``network.expected.Ethernet.ports`` = N the N fastest are the fabric; without it, a
+  port under half the fabric rate (the expected rate, else the model's fastest port) is
+  taken for a front-end port of the same model, and a port at half rate or more is a fabric
+  port and judged. A fabric link that lost one step (half its lanes or half its lane speed)
+  still shows half its rate; a same-model front end at half the fabric rate, or a fabric
+  port that fell below half, needs N or ``network.devices`` to be told apart.
+
+What the findings mean (fabric ports only):
+
+- ``NIC_COUNT_MISMATCH`` (critical, REPLACE): fewer RDMA devices than ``expected_nics``. A
   collective runs at the pace of its slowest rank, so one lost adapter slows the whole job;
   an adapter that vanished from the bus does not come back by itself.
-- ``IB_LINK_DOWN`` (critical, REBOOT): a port not ``ACTIVE`` or not ``LinkUp``.
+- ``FABRIC_PORTS_MISSING`` (critical, REPLACE): fewer fabric ports of a link layer than
+  ``network.expected.<layer>.ports``; warning and NONE when ports of that layer are
+  administratively ``Disabled``, since no rung enables a port.
+- ``IB_LINK_DOWN`` (critical, REBOOT): no physical link (``Polling``: cable, transceiver or
+  the peer switch port; link training or error recovery that did not finish). A reboot
+  resets the adapter and retrains the link; if the cable is bad the ladder goes on.
+- ``IB_PORT_AWAITING_SM`` (critical, NONE): InfiniBand link up, port ``DOWN``/``INIT``/
+  ``ARMED``: the subnet manager has not configured or activated it (no SM, or it has not
+  swept the port in). The port carries no traffic, so the node takes no new job, but no
+  rung configures a port and a lost SM shows on every node at once: it needs a human.
+- ``PORT_DISABLED`` (warning, NONE): a fabric port administratively disabled (``ip link
+  set down``, ``mlxlink``, or the SM isolating it). No reboot changes an administrative state.
 - ``PORT_STATE_UNREADABLE`` (critical, REBOOT): the kernel could not say a port's state
   (sysfs answers the driver's query error), which we never read as good.
-- ``IBSTAT_PANIC`` (critical, REBOOT): ibstat could not open an adapter it had listed.
-- ``LINK_RATE_DEGRADED``: an active port below the rate it should run at ("present but at
-  reduced bandwidth"). Against ``expected_link_gbps`` it is critical (REBOOT renegotiates
-  the link); without it, ports slower than the fastest port of the same adapter model and
-  link layer are a warning only, since that rule is a guess.
-- ``LINK_RATE_UNREADABLE`` (warning): an active port whose rate could not be read.
+- ``IBSTAT_PANIC`` (critical, REBOOT): ibstat could not open an adapter it had listed (info,
+  NONE, for a device outside ``network.devices``).
+- ``LINK_RATE_DEGRADED``: an active fabric port below the rate it should run at. Against
+  an expected rate it is critical (REBOOT renegotiates the link); without one, ports slower
+  than the fastest fabric port of the same model and link layer are a warning only.
+- ``LINK_RATE_UNREADABLE`` (warning): an active fabric port whose rate could not be read.
 - ``LINK_FLAPPED`` / ``IB_ERROR_COUNTER_RISING`` / ``EFA_ERROR_COUNTER_RISING`` (warning):
-  see :func:`counter_deltas`.
-
-``expected_link_gbps`` applies to the InfiniBand ports when the node has any (its Ethernet
-ports are then the front-end network, often slower by design), else to every port (RoCE,
-EFA). An Ethernet port next to InfiniBand ones is not a fault by itself.
+  see :func:`counter_deltas`; excluded devices are not sampled.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.ibstat import IbPanic, IbstatPorts, parse_ibstat
-from gpuguard.checks.network_sysfs import PortRecord, read_infiniband_sysfs
+from gpuguard.checks.network_sysfs import (
+    ACTIVE,
+    ACTIVE_DEFER,
+    ARMED,
+    DISABLED,
+    DOWN,
+    INIT,
+    LINK_UP,
+    POLLING,
+    PortRecord,
+    natural_key,
+    read_infiniband_sysfs,
+)
+from gpuguard.config import LinkLayer, NetworkConfig
 from gpuguard.errors import CheckFailed, NotApplicable, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Severity, nic
 from gpuguard.sources import Artifact
@@ -40,13 +85,20 @@ from gpuguard.sources import Artifact
 __all__ = [
     "NetworkCheck",
     "PortRecord",
+    "PortRole",
+    "Role",
+    "assign_roles",
     "counter_deltas",
     "evaluate_ports",
+    "link_layer_of",
     "parse_ibstat",
     "read_infiniband_sysfs",
 ]
 
-INFINIBAND = "InfiniBand"
+INFINIBAND: LinkLayer = "InfiniBand"
+ETHERNET: LinkLayer = "Ethernet"
+EFA: LinkLayer = "EFA"
+NO_NETWORK_CONFIG = NetworkConfig()
 
 # Error counters whose rise between two samples is a finding. Any rise counts (threshold 1):
 # the samples are about a second apart, and a healthy link makes no errors in that time.
@@ -70,13 +122,160 @@ EFA_ERROR_COUNTERS = (
     "impaired_remote_conn_events",
 )
 
+# Why a physical state other than LinkUp leaves a fabric port without a link.
+_NO_LINK = {
+    POLLING: "no link partner: check the cable, the transceiver and the switch port (peer)",
+    "PortConfigurationTraining": "link training did not finish: cable, transceiver or peer",
+    "LinkErrorRecovery": "link error recovery: a marginal cable or transceiver",
+    "Sleep": "the port is asleep",
+    "Phy Test": "the port was left in PHY test mode by a diagnostic",
+    "PhyTest": "the port was left in PHY test mode by a diagnostic",
+}
+# Why an InfiniBand port with a physical link is not ACTIVE: the subnet manager's part.
+_AWAITING_SM = {
+    DOWN: "the logical port is DOWN: no subnet manager has brought it up (check `sminfo`)",
+    INIT: "state INIT: no subnet manager has configured the port (no SM on this fabric, or"
+    " it has not swept the port in yet; check `sminfo` and the SM's log)",
+    ARMED: "state ARMED: the subnet manager configured the port but did not activate it"
+    " (its sweep stopped short; check the SM's log)",
+}
+
+
+class Role(StrEnum):
+    """What a port is to this check: judged (fabric), or left alone."""
+
+    FABRIC = "fabric"
+    FRONT_END = "front-end"
+    EXCLUDED = "excluded"
+
+
+@dataclass(frozen=True)
+class PortRole:
+    role: Role
+    why: str
+
+    @property
+    def fabric(self) -> bool:
+        return self.role is Role.FABRIC
+
+
+def link_layer_of(port: PortRecord) -> LinkLayer:
+    """InfiniBand, Ethernet (RoCE), or EFA for anything else (EFA's sysfs says "Unknown")."""
+    if port.link_layer == INFINIBAND:
+        return INFINIBAND
+    if port.link_layer == ETHERNET:
+        return ETHERNET
+    return EFA
+
+
+def in_scope(device: str, network: NetworkConfig) -> bool:
+    """False for a device ``network.devices`` leaves out: neither judged nor counted."""
+    patterns = network.devices
+    if any(fnmatch.fnmatchcase(device, pattern) for pattern in patterns.exclude):
+        return False
+    return patterns.include is None or any(
+        fnmatch.fnmatchcase(device, pattern) for pattern in patterns.include
+    )
+
+
+def assign_roles(
+    ports: Sequence[PortRecord], network: NetworkConfig, link_gbps: float | None
+) -> dict[str, PortRole]:
+    """Each port's role, by port name (see the module docstring for the rules)."""
+    roles: dict[str, PortRole] = {}
+    inferred: list[PortRecord] = []
+    for port in ports:
+        if not in_scope(port.device, network):
+            roles[port.name] = PortRole(Role.EXCLUDED, "left out by network.devices")
+        elif network.devices.include is not None:
+            roles[port.name] = PortRole(Role.FABRIC, "in network.devices.include")
+        else:
+            inferred.append(port)
+    ethernet = [port for port in inferred if link_layer_of(port) == ETHERNET]
+    for port in inferred:
+        if link_layer_of(port) != ETHERNET:
+            roles[port.name] = PortRole(Role.FABRIC, f"{link_layer_of(port)} port")
+    if len(ethernet) < len(inferred) and ETHERNET not in network.expected:
+        front_end = PortRole(Role.FRONT_END, "Ethernet beside InfiniBand/EFA: the front end")
+        roles.update((port.name, front_end) for port in ethernet)
+    else:
+        expected = network.expected.get(ETHERNET)
+        gbps = expected.gbps if expected and expected.gbps is not None else link_gbps
+        roles.update(_roce_roles(ethernet, gbps, expected.ports if expected else None))
+    return roles
+
+
+def _roce_roles(
+    ports: Sequence[PortRecord], gbps: float | None, count: int | None
+) -> dict[str, PortRole]:
+    roles: dict[str, PortRole] = {}
+    in_use = [p for p in ports if p.phys_state in (LINK_UP, None) or p.state is None]
+    idle = [p for p in ports if p not in in_use]
+    for port in idle:
+        why = "administratively Disabled" if port.phys_state == DISABLED else "no link"
+        roles[port.name] = PortRole(Role.FRONT_END, f"{why}, not configured as fabric")
+    if not in_use:
+        return roles
+    model = _majority_model(in_use)
+    same = [p for p in in_use if p.ca_type == model]
+    for port in in_use:
+        if port.ca_type != model:
+            why = f"adapter model {port.ca_type}, the RoCE fabric's is {model}"
+            roles[port.name] = PortRole(Role.FRONT_END, why)
+    if count is not None:
+        ranked = sorted(same, key=lambda p: (-_rate_or_inf(p), natural_key(p.name)))
+        # Short of N in use: a same-model port without a link is likely a missing one.
+        spare = [p for p in idle if p.ca_type == model and p.phys_state != DISABLED]
+        for index, port in enumerate([*ranked, *spare]):
+            if index < count:
+                why = f"one of the {count} fastest {model} ports (the expected RoCE fabric)"
+                roles[port.name] = PortRole(Role.FABRIC, why)
+            elif port in ranked:
+                why = f"slower than the {count} expected RoCE fabric ports"
+                roles[port.name] = PortRole(Role.FRONT_END, why)
+        return roles
+    reference = gbps if gbps is not None else max(_rate_or_zero(p) for p in same)
+    for port in same:
+        if port.rate_gbps is None or port.rate_gbps >= reference / 2:
+            roles[port.name] = PortRole(Role.FABRIC, f"RoCE port of the fabric's model {model}")
+        else:
+            why = (
+                f"{port.rate_gbps:g} Gb/s, under half the fabric's {reference:g}: a front-end"
+                " port of the same model (set network.expected.Ethernet.ports to judge it)"
+            )
+            roles[port.name] = PortRole(Role.FRONT_END, why)
+    return roles
+
+
+def _majority_model(ports: Sequence[PortRecord]) -> str | None:
+    """The adapter model most ports have; a tie goes to the faster, then the first named."""
+    counts = Counter(port.ca_type for port in ports)
+    peak: dict[str | None, float] = {}
+    for port in ports:
+        peak[port.ca_type] = max(peak.get(port.ca_type, 0.0), _rate_or_zero(port))
+    return min(counts, key=lambda model: (-counts[model], -peak[model], str(model)))
+
+
+def _rate_or_zero(port: PortRecord) -> float:
+    return 0.0 if port.rate_gbps is None else port.rate_gbps
+
+
+def _rate_or_inf(port: PortRecord) -> float:
+    return float("inf") if port.rate_gbps is None else port.rate_gbps
+
 
 def _finding(
-    code: str, severity: Severity, action: Action, port: PortRecord, source: str, message: str
+    code: str,
+    severity: Severity,
+    action: Action,
+    port: PortRecord,
+    source: str,
+    message: str,
+    role: PortRole,
 ) -> Finding:
     evidence = (
         f"state={port.state} phys_state={port.phys_state} rate_gbps={port.rate_gbps}"
-        f" link_layer={port.link_layer}"
+        f" link_layer={port.link_layer} role={role.role} ({role.why})"
     )
     if port.notes:
         evidence += "; " + "; ".join(port.notes)
@@ -97,28 +296,83 @@ def evaluate_ports(
     expected_nics: int | None,
     expected_link_gbps: float | None,
     source: str,
+    network: NetworkConfig = NO_NETWORK_CONFIG,
 ) -> list[Finding]:
-    """Findings for adapter count, port state and port rate of one sample."""
+    """Findings for adapter count, fabric port count, port state and port rate of one sample.
+
+    ``expected_link_gbps`` applies to fabric ports whose link layer has no
+    ``network.expected.<layer>.gbps``.
+    """
     findings: list[Finding] = []
-    devices = sorted({port.device for port in ports})
+    devices = sorted({port.device for port in ports if in_scope(port.device, network)})
     if expected_nics is not None and len(devices) < expected_nics:
         findings.append(nic_count_mismatch(expected_nics, devices, source))
-    for port in ports:
-        if port.state is None or port.phys_state is None:
-            message = f"{port.name}: port state could not be read"
-            findings.append(
-                _finding(
-                    "PORT_STATE_UNREADABLE", Severity.CRITICAL, Action.REBOOT, port, source, message
-                )
-            )
-        elif not port.link_up:
-            message = f"{port.name}: link down ({port.state}, {port.phys_state})"
-            findings.append(
-                _finding("IB_LINK_DOWN", Severity.CRITICAL, Action.REBOOT, port, source, message)
-            )
-    up = [port for port in ports if port.link_up]
-    findings.extend(_rate_findings(up, expected_link_gbps, source))
+    roles = assign_roles(ports, network, expected_link_gbps)
+    fabric = [port for port in ports if roles[port.name].fabric]
+    findings.extend(_port_count_findings(ports, fabric, roles, network, source))
+    for port in fabric:
+        finding = _state_finding(port, roles[port.name], source)
+        if finding is not None:
+            findings.append(finding)
+    up = [port for port in fabric if port.link_up]
+    findings.extend(_rate_findings(up, roles, network, expected_link_gbps, source))
     return findings
+
+
+def _state_finding(port: PortRecord, role: PortRole, source: str) -> Finding | None:
+    def finding(code: str, severity: Severity, action: Action, why: str) -> Finding:
+        return _finding(code, severity, action, port, source, f"{port.name}: {why}", role)
+
+    if port.state is None or port.phys_state is None:
+        return finding(
+            "PORT_STATE_UNREADABLE", Severity.CRITICAL, Action.REBOOT, "port state unreadable"
+        )
+    if port.phys_state == DISABLED:
+        why = "administratively Disabled; enable it (a reboot does not)"
+        return finding("PORT_DISABLED", Severity.WARNING, Action.NONE, why)
+    if port.phys_state != LINK_UP:
+        why = _NO_LINK.get(port.phys_state, f"physical state {port.phys_state}")
+        return finding(
+            "IB_LINK_DOWN", Severity.CRITICAL, Action.REBOOT, f"link down ({port.state}): {why}"
+        )
+    if port.state == ACTIVE:
+        return None
+    if link_layer_of(port) == INFINIBAND and port.state in _AWAITING_SM:
+        why = f"physical link up, but {_AWAITING_SM[port.state]}"
+        return finding("IB_PORT_AWAITING_SM", Severity.CRITICAL, Action.NONE, why)
+    why = "in link error recovery" if port.state == ACTIVE_DEFER else f"state {port.state}"
+    return finding("IB_LINK_DOWN", Severity.CRITICAL, Action.REBOOT, f"physical link up, but {why}")
+
+
+def _port_count_findings(
+    ports: Sequence[PortRecord],
+    fabric: Sequence[PortRecord],
+    roles: dict[str, PortRole],
+    network: NetworkConfig,
+    source: str,
+) -> Iterable[Finding]:
+    for layer, expected in network.expected.items():
+        present = [port.name for port in fabric if link_layer_of(port) == layer]
+        if expected.ports is None or len(present) >= expected.ports:
+            continue
+        disabled = [
+            port.name
+            for port in ports
+            if link_layer_of(port) == layer
+            and port.phys_state == DISABLED
+            and roles[port.name].role is Role.FRONT_END
+        ]
+        message = f"{len(present)} {layer} fabric ports, {expected.ports} expected"
+        evidence = f"fabric: {', '.join(present) or 'none'}"
+        if disabled:
+            # A disabled port may be a missing one: only enabling it can tell, no rung can.
+            message += f"; administratively Disabled: {', '.join(disabled)}"
+            severity, action = Severity.WARNING, Action.NONE
+        else:
+            severity, action = Severity.CRITICAL, Action.REPLACE
+        yield Finding(
+            Layer.NETWORK, "FABRIC_PORTS_MISSING", severity, action, NODE, source, message, evidence
+        )
 
 
 def nic_count_mismatch(expected: int, devices: Sequence[str], source: str) -> Finding:
@@ -136,38 +390,58 @@ def nic_count_mismatch(expected: int, devices: Sequence[str], source: str) -> Fi
 
 
 def _rate_findings(
-    up: Sequence[PortRecord], expected_gbps: float | None, source: str
+    up: Sequence[PortRecord],
+    roles: dict[str, PortRole],
+    network: NetworkConfig,
+    link_gbps: float | None,
+    source: str,
 ) -> Iterable[Finding]:
     rated: list[tuple[PortRecord, float]] = []
     for port in up:
         if port.rate_gbps is None:
             message = f"{port.name}: link rate could not be read"
             yield _finding(
-                "LINK_RATE_UNREADABLE", Severity.WARNING, Action.NONE, port, source, message
+                "LINK_RATE_UNREADABLE",
+                Severity.WARNING,
+                Action.NONE,
+                port,
+                source,
+                message,
+                roles[port.name],
             )
         else:
             rated.append((port, port.rate_gbps))
-    if expected_gbps is not None:
-        # On an InfiniBand node the Ethernet ports are the front end, slower by design.
-        fabric = [(p, rate) for p, rate in rated if p.link_layer == INFINIBAND] or rated
-        for port, rate in fabric:
-            if rate < expected_gbps:
-                message = f"{port.name}: {rate:g} Gb/s, expected {expected_gbps:g}"
-                yield _finding(
-                    "LINK_RATE_DEGRADED", Severity.CRITICAL, Action.REBOOT, port, source, message
-                )
-        return
-    # No expectation: compare each port with its peers (same link layer and adapter model).
-    peak: dict[tuple[str | None, str | None], float] = {}
+    # Without an expected rate, compare each port with its peers (same link layer and model).
+    peak: dict[tuple[LinkLayer, str | None], float] = {}
     for port, rate in rated:
-        key = (port.link_layer, port.ca_type)
+        key = (link_layer_of(port), port.ca_type)
         peak[key] = max(peak.get(key, rate), rate)
     for port, rate in rated:
-        best = peak[(port.link_layer, port.ca_type)]
-        if rate < best:
+        layer = link_layer_of(port)
+        expected = network.expected.get(layer)
+        gbps = expected.gbps if expected and expected.gbps is not None else link_gbps
+        if gbps is not None:
+            if rate < gbps:
+                message = f"{port.name}: {rate:g} Gb/s, expected {gbps:g}"
+                yield _finding(
+                    "LINK_RATE_DEGRADED",
+                    Severity.CRITICAL,
+                    Action.REBOOT,
+                    port,
+                    source,
+                    message,
+                    roles[port.name],
+                )
+        elif rate < (best := peak[(layer, port.ca_type)]):
             message = f"{port.name}: {rate:g} Gb/s, its peers run at {best:g}"
             yield _finding(
-                "LINK_RATE_DEGRADED", Severity.WARNING, Action.NONE, port, source, message
+                "LINK_RATE_DEGRADED",
+                Severity.WARNING,
+                Action.NONE,
+                port,
+                source,
+                message,
+                roles[port.name],
             )
 
 
@@ -221,18 +495,16 @@ def _rises(
     return rising
 
 
-def panic_finding(panic: IbPanic) -> Finding:
+def panic_finding(panic: IbPanic, network: NetworkConfig = NO_NETWORK_CONFIG) -> Finding:
     component = NODE if panic.device is None else nic(panic.device)
     who = panic.device or "an adapter"
+    message = f"ibstat could not read {who}; its ports are unknown"
+    severity, action = Severity.CRITICAL, Action.REBOOT
+    if panic.device is not None and not in_scope(panic.device, network):
+        message += " (outside network.devices: not judged)"
+        severity, action = Severity.INFO, Action.NONE
     return Finding(
-        Layer.NETWORK,
-        "IBSTAT_PANIC",
-        Severity.CRITICAL,
-        Action.REBOOT,
-        component,
-        "ibstat",
-        f"ibstat could not read {who}; its ports are unknown",
-        panic.line,
+        Layer.NETWORK, "IBSTAT_PANIC", severity, action, component, "ibstat", message, panic.line
     )
 
 
@@ -244,6 +516,7 @@ class NetworkCheck:
 
     def run(self, ctx: CheckContext) -> list[Finding]:
         expected = ctx.expectations
+        network = ctx.config.network
         root = ctx.sources.infiniband_root()
         ports: list[PortRecord]
         if root.is_dir():
@@ -251,18 +524,21 @@ class NetworkCheck:
         else:
             ibstat = self._read_ibstat(ctx)
             ports, panic, source = ibstat, ibstat.panic, "ibstat"
-        findings = [] if panic is None else [panic_finding(panic)]
+        findings = [] if panic is None else [panic_finding(panic, network)]
         if not ports and panic is None:
-            if expected.nics:
-                return [nic_count_mismatch(expected.nics, [], source)]
+            wanted = expected.nics or any(e.ports for e in network.expected.values())
+            if wanted:
+                return evaluate_ports([], expected.nics, expected.link_gbps, source, network)
+            where = f"{root} is empty" if root.is_dir() else f"{root} does not exist"
             if ctx.sources.live:
-                raise NotApplicable(f"no RDMA adapters on this node ({source}), none expected")
-            raise ToolMissing("the bundle has neither sysfs/ nor ibstat.txt")
-        findings.extend(evaluate_ports(ports, expected.nics, expected.link_gbps, source))
+                raise NotApplicable(f"no RDMA adapters on this node ({where}), none expected")
+            raise ToolMissing(f"no RDMA sysfs in the bundle ({where}) and no ibstat.txt")
+        findings.extend(evaluate_ports(ports, expected.nics, expected.link_gbps, source, network))
         if source == "sysfs":
             later = self._later_sample(ctx, root)
             if later is not None:
-                findings.extend(counter_deltas(ports, later, source))
+                judged = [port for port in later if in_scope(port.device, network)]
+                findings.extend(counter_deltas(ports, judged, source))
         return findings
 
     def _read_ibstat(self, ctx: CheckContext) -> IbstatPorts:

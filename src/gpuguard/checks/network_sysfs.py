@@ -24,8 +24,18 @@ from pathlib import Path
 
 from gpuguard.errors import CheckFailed, ParseError
 
+# Port states (include/rdma/ib_verbs.h ``ib_port_state``) as sysfs prints them; ibstat's
+# words are mapped onto these by the ibstat parser.
 ACTIVE = "ACTIVE"
+DOWN = "DOWN"
+INIT = "INIT"
+ARMED = "ARMED"
+ACTIVE_DEFER = "ACTIVE_DEFER"
+# Physical states (``ib_port_phys_state``): 1 Sleep, 2 Polling, 3 Disabled,
+# 4 PortConfigurationTraining, 5 LinkUp, 6 LinkErrorRecovery, 7 "Phy Test" (ibstat: PhyTest).
 LINK_UP = "LinkUp"
+DISABLED = "Disabled"
+POLLING = "Polling"
 
 Counters = dict[str, int | None]
 
