@@ -73,8 +73,25 @@ MACHINE_CHECK_FATAL = (Layer.KERNEL, "MACHINE_CHECK_FATAL", Severity.CRITICAL, A
 # Driver messages that are not Xids (kernel_messages.DRIVER_MESSAGES' kinds).
 DRIVER_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     "fallen_off_bus": (Layer.GPU, "GPU_FALLEN_OFF_BUS", Severity.CRITICAL, Action.REBOOT),
+    # The driver could not bring the GPU up: only a new boot (a cold GPU) retries it.
     "gpu_init_failed": (Layer.GPU, "GPU_INIT_FAILED", Severity.CRITICAL, Action.REBOOT),
+    # A cable, as Xid 54 (CHECK_MECHANICALS): software cannot repair it.
+    "gpu_power_cables": (Layer.GPU, "GPU_POWER_NOT_CONNECTED", Severity.CRITICAL, Action.REPLACE),
+    # The driver says so itself: "The GPU likely needs to be reset", "GPU marked for reset".
+    "gsp_rpc_errors": (Layer.GPU, "GSP_RPC_ERRORS", Severity.CRITICAL, Action.RESET_GPU),
+    # A GPU this driver does not support is unusable, and no repair changes that.
+    "gpu_unsupported": (Layer.GPU, "GPU_UNSUPPORTED_BY_DRIVER", Severity.CRITICAL, Action.NONE),
     "driver_mismatch": (Layer.KERNEL, "NVIDIA_DRIVER_MISMATCH", Severity.CRITICAL, Action.REBOOT),
+}
+# Driver messages that repeat what an Xid of the same GPU already said.
+SAME_AS_XID = {"GPU_FALLEN_OFF_BUS": 79, "GSP_RPC_ERRORS": 119}
+_DRIVER_MESSAGES = {
+    "GPU_FALLEN_OFF_BUS": "{who} has fallen off the PCIe bus and no longer answers its driver",
+    "GPU_INIT_FAILED": "the driver could not initialise {who}",
+    "GPU_POWER_NOT_CONNECTED": "{who} does not have its power cables connected",
+    "GSP_RPC_ERRORS": "{who} keeps timing out its GSP firmware calls; the driver asks for a reset",
+    "GPU_UNSUPPORTED_BY_DRIVER": "{who} is not supported by the installed driver",
+    "NVIDIA_DRIVER_MISMATCH": "the NVIDIA kernel module and its user-space libraries differ",
 }
 # How many events back the line naming the GPU may stand from the line of the same
 # message that says what happened to it (other CPUs' lines can come between).
@@ -83,9 +100,11 @@ _NAMED_WITHIN = 3
 _CPER_SEVERITY = re.compile(r"event severity: (?P<word>\w+)")
 _MCA_STATUS = re.compile(r"Bank \d+: (?P<status>[0-9a-fA-F]{16})\b")
 _MCA_UNCORRECTED = 1 << 61  # IA32_MCi_STATUS.UC (Intel SDM vol. 3B, 16.3.2.2)
+# "Machine Check Exception": the CPU raised #MC, which it does only for an error it could
+# not correct (corrected ones are only polled or signalled by CMCI).
 _FATAL_WORDS = re.compile(
     r"Machine Check Exception|Processor context corrupt|[Ff]atal machine check"
-    r"|Uncorrected hardware memory error|EDAC \S+: \d+ UE "
+    r"|Uncorrected hardware memory error|EDAC \S+: (?:\d+ )?UE |EDAC \S+: Uncorrected"
 )
 
 
@@ -205,7 +224,7 @@ def _driver_findings(events: Sequence[KernelEvent], source: str) -> list[Finding
     message just before it; one that names none at all is about the node: a GPU that fell
     off the bus is a fault whether or not we can tell which one.
     """
-    with_xid79 = {gpu(e.device).id for e in events if e.kind == "xid" and e.code == 79}
+    xids = {(e.code, gpu(e.device).id) for e in events if e.kind == "xid"}
     findings: dict[tuple[str, Component], Finding] = {}
     named: tuple[int, str] | None = None  # (index, address) of the last line naming a GPU
     for index, event in enumerate(events):
@@ -220,8 +239,8 @@ def _driver_findings(events: Sequence[KernelEvent], source: str) -> list[Finding
             device = named[1]
         layer, code, severity, action = rule
         component = gpu_or_node(device) if layer is Layer.GPU else NODE
-        if code == "GPU_FALLEN_OFF_BUS" and component.id in with_xid79:
-            continue  # the Xid 79 of the same GPU speaks for it
+        if (SAME_AS_XID.get(code), component.id) in xids:
+            continue  # the Xid of the same GPU speaks for it
         key = (code, component)
         if key not in findings:
             findings[key] = Finding(
@@ -239,11 +258,7 @@ def _driver_findings(events: Sequence[KernelEvent], source: str) -> list[Finding
 
 def _driver_message(code: str, component: Component, device: str) -> str:
     who = component.id if device else "a GPU the message does not name"
-    if code == "GPU_FALLEN_OFF_BUS":
-        return f"{who} has fallen off the PCIe bus and no longer answers its driver"
-    if code == "GPU_INIT_FAILED":
-        return f"the driver could not initialise {who} (RmInitAdapter failed)"
-    return "the NVIDIA kernel module and its user-space libraries are of different versions"
+    return _DRIVER_MESSAGES[code].format(who=who)
 
 
 def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
@@ -267,7 +282,7 @@ def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
                 component=component,
                 source=source,
                 message=(
-                    f"NVSwitch SXid {code} on {lines[0].process} ({component.id}), "
+                    f"NVSwitch SXid {code} on {lines[0].process or 'a switch'} ({component.id}), "
                     f"{'fatal' if fatal else 'non-fatal'}"
                     + (f": {', '.join(links)}" if links else "")
                 ),
@@ -321,11 +336,12 @@ def _kernel_findings(events: list[KernelEvent], source: str) -> list[Finding]:
 
 def machine_check_is_fatal(text: str) -> bool:
     """Whether a hardware error report says the error was not corrected."""
+    if _FATAL_WORDS.search(text) is not None:
+        return True
     if (m := _CPER_SEVERITY.search(text)) is not None:
         return m["word"].lower() in ("fatal", "recoverable")
-    if (m := _MCA_STATUS.search(text)) is not None:
-        return bool(int(m["status"], 16) & _MCA_UNCORRECTED)
-    return _FATAL_WORDS.search(text) is not None
+    status = _MCA_STATUS.search(text)
+    return status is not None and bool(int(status["status"], 16) & _MCA_UNCORRECTED)
 
 
 def gpu_or_node(device: str) -> Component:

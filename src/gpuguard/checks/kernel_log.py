@@ -40,7 +40,7 @@ MARKERS = (
     b"blocked for more than",
     b"Oops",
     b"Hardware Error",
-    b"Machine check",
+    b"achine check",  # "Machine check events logged", "Kernel panic ...: Fatal machine check"
     b"EDAC ",
 )
 # Leftmost-first matching is what lets the automaton use its SIMD prefilter.

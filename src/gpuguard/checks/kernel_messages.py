@@ -18,19 +18,20 @@ from dataclasses import dataclass
 # A PCI address as the driver and the tools print it: "0000:3b:00", "00000000:3B:00.0",
 # "3b:00.0". The domain and the function are optional.
 PCI_ADDRESS = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_ADDRESS = re.compile(rf"(?<![0-9a-fA-F:])(?:PCI:)?(?P<bdf>{PCI_ADDRESS})(?![0-9a-fA-F:])")
+_ADDRESS = re.compile(
+    rf"(?<![0-9a-fA-F:])(?:PCI:)?(?P<bdf>{PCI_ADDRESS})(?![0-9a-fA-F]|:[0-9a-fA-F])"
+)
 # Outside an Xid's parentheses an address counts only where the driver names a GPU with
 # it ("GPU 0000:3b:00.0: ...", "GPU at PCI:0000:3b:00"), never a time such as "+00:00".
 _NAMED_ADDRESS = re.compile(
-    rf"(?:PCI:|GPU (?:at )?(?:PCI:)?)(?P<bdf>{PCI_ADDRESS})(?![0-9a-fA-F:])"
+    rf"(?:PCI:|GPU (?:at )?(?:PCI:)?)(?P<bdf>{PCI_ADDRESS})(?![0-9a-fA-F]|:[0-9a-fA-F])"
 )
 _GPU_INSTANCE = re.compile(r"GPU-I:(?P<gi>\d+)")
 
-_XID = re.compile(r"(?<![A-Za-z])Xid\s*\((?P<where>[^)]*)\)\s*:\s*(?P<code>\d+),?\s*(?P<text>.*)")
-_SXID = re.compile(
-    r"(?:(?P<switch>nvidia-nvswitch\d+):\s*)?SXid\s*\((?P<where>[^)]*)\)\s*:\s*"
-    r"(?P<code>\d+),?\s*(?P<text>.*)"
-)
+# parse_line tries SXid first, so this never sees an NVSwitch line.
+_XID = re.compile(r"Xid\s*\((?P<where>[^)]*)\)\s*:\s*(?P<code>\d+),?\s*(?P<text>.*)")
+_SXID = re.compile(r"SXid\s*\((?P<where>[^)]*)\)\s*:\s*(?P<code>\d+),?\s*(?P<text>.*)")
+_SWITCH = re.compile(r"nvidia-nvswitch\d+")
 _PROCESS = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?, name=(?P<name>[^,]*),\s*")
 _CAUSED_BY = re.compile(r"caused by previous Xid (?P<code>\d+)")
 
@@ -39,10 +40,25 @@ _CAUSED_BY = re.compile(r"caused by previous Xid (?P<code>\d+)")
 # NVRM: (PCI ID: %04x:%04x) installed in this system has\nNVRM: fallen off the bus ...").
 _GPU_NAMED = re.compile(rf"The NVIDIA GPU (?:at )?(?:PCI:)?(?P<bdf>{PCI_ADDRESS})")
 # Driver messages other than Xids, by the words that identify them (kernel_incidents maps
-# each kind to its finding). Order matters: the first that matches wins.
+# each kind to its finding; data/kernel_messages.csv lists the format strings). The first
+# that matches wins.
 DRIVER_MESSAGES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("fallen_off_bus", re.compile(r"fallen off the bus|lost from the bus", re.IGNORECASE)),
-    ("gpu_init_failed", re.compile(r"RmInitAdapter failed|rm_init_adapter failed")),
+    # osinit.c osHandleGpuLost, osapi.c rm_is_supported_device; "GPU lost from the bus" is
+    # NV_ERR_GPU_IS_LOST's text inside an assertion line.
+    ("fallen_off_bus", re.compile(r"fallen off the bus|lost from the bus")),
+    (
+        "gpu_init_failed",
+        re.compile(
+            r"RmInitAdapter failed|rm_init_adapter failed|Cannot initialize GSP firmware RM"
+            r"|unexpected WPR2 already up|No interrupts of any type are available"
+        ),
+    ),
+    ("gpu_power_cables", re.compile(r"does not have the necessary power cables connected")),
+    (
+        "gsp_rpc_errors",
+        re.compile(r"Rate limiting GSP RPC error prints|Back to back GSP RPC timeout"),
+    ),
+    ("gpu_unsupported", re.compile(r"installed in this system is not supported by")),
     ("driver_mismatch", re.compile(r"API mismatch")),
 )
 # EFA's driver logs as "efa <pci>:" or through the RDMA core as "infiniband <ibdev>:".
@@ -52,7 +68,7 @@ _EFA = re.compile(
 # Kernel-level faults; kernel_incidents.KERNEL_RULES maps the matched words to findings.
 _KERNEL = re.compile(
     r"(?P<kind>soft lockup|blocked for more than \d+ seconds|kernel BUG at|BUG: unable to handle"
-    r"|Oops: |Hardware Error|Machine check|EDAC \S+: \d+ (?:CE|UE) )"
+    r"|Oops: |Hardware Error|[Mm]achine check|EDAC \S+: (?:\d+ )?(?:CE|UE) |EDAC \S+: Uncorrected)"
 )
 
 
@@ -80,17 +96,22 @@ class KernelEvent:
 def parse_line(line: str) -> KernelEvent | None:
     """The event a kernel log line records, or None if it records nothing we act on."""
     if (m := _SXID.search(line)) is not None:
+        switch = _SWITCH.findall(line, 0, m.start())
         return KernelEvent(
-            "sxid", line, _address(m["where"]), int(m["code"]), m["text"], process=m["switch"]
+            "sxid",
+            line,
+            _address(m["where"]),
+            int(m["code"]),
+            m["text"],
+            process=switch[-1] if switch else None,
         )
     if (m := _XID.search(line)) is not None:
         return _xid_event(line, m)
-    if (m := _GPU_NAMED.search(line)) is not None and "fallen off" not in line:
-        return KernelEvent("gpu_named", line, m["bdf"])
     for kind, pattern in DRIVER_MESSAGES:
         if (match := pattern.search(line)) is not None:
-            device = _address(line[: match.start()], _NAMED_ADDRESS)
-            return KernelEvent(kind, line, device, text=match[0])
+            return KernelEvent(kind, line, _address(line, _NAMED_ADDRESS), text=match[0])
+    if (m := _GPU_NAMED.search(line)) is not None:
+        return KernelEvent("gpu_named", line, m["bdf"])
     if (m := _EFA.search(line)) is not None:
         return KernelEvent("efa", line, m["ibdev"] or m["pci"], text=m["text"])
     if (m := _KERNEL.search(line)) is not None:

@@ -1,0 +1,223 @@
+"""Every driver and kernel message in data/kernel_messages.csv, printed the way the driver
+prints it and delivered the way each collector delivers it, yields its finding.
+
+Each row holds a format string as it stands in NVIDIA's open kernel modules (or the Linux
+kernel), the macro that prints it (which adds its own prefix) and the finding it must
+yield. Hypothesis fills the conversions with random values and a random GPU address,
+splits multi-line messages into records as /dev/kmsg, dmesg, journald and syslog do, and
+surrounds them with other drivers' chatter.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuguard.agent.kernel_state import KernelState
+from gpuguard.checks.kernel_log import classify_log
+from gpuguard.model import NODE, Action, Layer, Severity, Status, assess_layer, gpu
+
+ROWS = list(
+    csv.DictReader(
+        resources.files("gpuguard").joinpath("data/kernel_messages.csv").read_text().splitlines()
+    )
+)
+PREFIXES = {
+    "nv_printf": "",  # the format carries its own "NVRM: " on every line
+    "linux": "",
+    "NV_DEV_PRINTF": "NVRM: GPU %04x:%02x:%02x.%x: ",  # kernel-open/common/inc/os-interface.h
+    "NV_PRINTF": "NVRM: {function}: ",  # RmMsgPrefix: NVRM plus the C function's name
+}
+# The first PCI address of a message is the GPU (or NVSwitch) it is about.
+PCI = re.compile(r"%04x:%02x:%02x(?:\.%x)?")
+CONVERSION = re.compile(r"%%|%0?(\d*)(?:ll|l|L)?([duxXsc])")
+CHATTER = [
+    "ACPI: PCI Interrupt Link [LNKC] enabled at IRQ 11",
+    "IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready",
+    "mlx5_core 0000:3b:00.0: E-Switch: Total vports 18, per vport: max uc(128) max mc(2048)",
+    "systemd[1]: Started Journal Service at 2026-12-01T08:00:00+00:00.",
+    "nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping",
+    'audit: type=1400 audit(1700000000.123:42): apparmor="STATUS"',
+]
+SHAPES = (
+    "kmsg-records",  # one /dev/kmsg record per line (older kernels, separate printk calls)
+    "kmsg-record",  # one record, newlines escaped as \x0a (how /dev/kmsg shows one printk)
+    "dmesg",  # syslog(2) / console: every line with its own timestamp
+    "dmesg-T",
+    "dmesg-iso",
+    "dmesg-continuation",  # util-linux dmesg from /dev/kmsg: later lines bare
+    "journal",  # journalctl short: later lines of one entry indented under the first
+    "syslog",  # rsyslog's kern.log
+)
+ids = st.integers(0, 0xFFFF)
+tokens = st.text("abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=12)
+
+
+@dataclass(frozen=True)
+class Printed:
+    lines: list[str]
+    address: str | None  # canonical dddd:bb:dd.f of the GPU the message names
+
+
+@st.composite
+def printed(draw: st.DrawFn, row: dict[str, str]) -> Printed:
+    template = PREFIXES[row["printed_by"]].format(function=row["function"]) + row["format"]
+    template = template.replace("\\n", "\n").rstrip("\n")
+    address = None
+    match = PCI.search(template)
+    if match is not None:
+        domain, bus, device, function = (
+            draw(ids),
+            draw(st.integers(0, 255)),
+            draw(st.integers(0, 31)),
+            draw(st.integers(0, 7)),
+        )
+        with_function = match[0].endswith(".%x")
+        text = f"{domain:04x}:{bus:02x}:{device:02x}" + (f".{function:x}" if with_function else "")
+        template = template[: match.start()] + text + template[match.end() :]
+        address = f"{domain:04x}:{bus:02x}:{device:02x}.{function if with_function else 0:x}"
+
+    def fill(conversion: re.Match[str]) -> str:
+        if conversion[0] == "%%":
+            return "%"
+        width, kind = int(conversion[1] or 0), conversion[2]
+        if kind == "s":
+            return draw(tokens)
+        if kind == "c":
+            return draw(st.sampled_from("* "))
+        value = draw(st.integers(0, 0xFFFFFFFF))
+        return f"{value:0{width}x}" if kind in "xX" else f"{value % 100_000:0{width}d}"
+
+    return Printed(CONVERSION.sub(fill, template).split("\n"), address)
+
+
+def deliver(lines: list[str], shape: str, noise: list[str]) -> list[str]:
+    """The log text a collector gives for one message, with chatter around it."""
+    stamp = "[ 6781741.548768]"
+    if shape == "kmsg-record":
+        body = ["4,1234,6781741548768,-;" + "\\x0a".join(lines)]
+    elif shape == "kmsg-records":
+        body = [f"4,{1234 + i},6781741548768,-;{line}" for i, line in enumerate(lines)]
+    elif shape == "dmesg":
+        body = [f"{stamp} {line}" for line in lines]
+    elif shape == "dmesg-T":
+        body = [f"[Tue Dec  1 10:25:43 2026] {line}" for line in lines]
+    elif shape == "dmesg-iso":
+        body = [f"2026-12-01T10:25:43,123456+00:00 {line}" for line in lines]
+    elif shape == "dmesg-continuation":
+        body = [f"{stamp} {lines[0]}", *lines[1:]]
+    elif shape == "journal":
+        head = "Dec 01 10:25:43 gpu-node-7 kernel: "
+        body = [head + lines[0], *(" " * len(head) + line for line in lines[1:])]
+    else:
+        body = [f"Dec  1 10:25:43 gpu-node-7 kernel: {stamp} {line}" for line in lines]
+    return noise[: len(noise) // 2] + body + noise[len(noise) // 2 :]
+
+
+def expected_component(row: dict[str, str], address: str | None):
+    if row["code"].startswith("SXID_"):
+        return ("nvswitch", address)
+    if address is None or row["code"].startswith(("MACHINE_CHECK", "NVIDIA_DRIVER")):
+        return (NODE.kind, NODE.id)
+    return ("gpu", gpu(address).id)
+
+
+def assert_yields(row: dict[str, str], printed_message: Printed, findings) -> None:
+    found = [f for f in findings if f.code == row["code"]]
+    assert found, f"{row['message']}: no {row['code']} in {[f.code for f in findings]}"
+    finding = found[0]
+    assert (finding.component.kind, finding.component.id) == expected_component(
+        row, printed_message.address
+    )
+    assert str(finding.severity) == row["severity"]
+    assert str(finding.action) == row["action"]
+    if finding.severity is Severity.CRITICAL:
+        layer = assess_layer(finding.layer, findings, ["kernel-log"], [])
+        assert layer.status is Status.UNHEALTHY or finding.layer is not layer.layer
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row["message"] for row in ROWS])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_every_format_string_yields_its_finding_from_every_collector(row, data):
+    message = data.draw(printed(row))
+    shape = data.draw(st.sampled_from(SHAPES))
+    noise = data.draw(st.lists(st.sampled_from(CHATTER), max_size=6))
+    log = "\n".join(deliver(message.lines, shape, noise)) + "\n"
+    assert_yields(row, message, classify_log(log))
+    assert_yields(row, message, classify_log(log.encode()))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row["message"] for row in ROWS])
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_the_agent_reads_a_message_split_over_separate_reads(row, data):
+    message = data.draw(printed(row))
+    state = KernelState(application_ttl_s=600, boot_id=lambda: "boot-1", clock=lambda: 0.0)
+    for line in deliver(message.lines, "kmsg-records", []):
+        state.add_lines([line], reset=False)
+    assert_yields(row, message, state.findings())
+
+
+def test_the_table_covers_every_driver_finding_kind():
+    codes = {row["code"] for row in ROWS}
+    assert {
+        "GPU_FALLEN_OFF_BUS",
+        "GPU_INIT_FAILED",
+        "GPU_POWER_NOT_CONNECTED",
+        "GSP_RPC_ERRORS",
+        "GPU_UNSUPPORTED_BY_DRIVER",
+        "NVIDIA_DRIVER_MISMATCH",
+        "MACHINE_CHECK_FATAL",
+        "MACHINE_CHECK",
+    } <= codes
+    for row in ROWS:
+        assert row["printed_by"] in PREFIXES, row["message"]
+        assert row["file"] and row["tags"], row["message"]
+
+
+def test_fallen_off_the_bus_that_names_no_gpu_is_about_the_node_not_dropped():
+    (finding,) = classify_log("NVRM: fallen off the bus and is not responding to commands.\n")
+    assert (finding.code, finding.component, finding.action) == (
+        "GPU_FALLEN_OFF_BUS",
+        NODE,
+        Action.REBOOT,
+    )
+    assert finding.layer is Layer.GPU
+
+
+def test_two_gpus_lost_at_probe_are_two_findings():
+    log = "".join(
+        f"NVRM: The NVIDIA GPU 0000:{bus}:00.0\nNVRM: (PCI ID: 10de:2330) installed in this "
+        "system has\nNVRM: fallen off the bus and is not responding to commands.\n"
+        for bus in ("1b", "43")
+    )
+    found = {f.component.id for f in classify_log(log) if f.code == "GPU_FALLEN_OFF_BUS"}
+    assert found == {"0000:1b:00.0", "0000:43:00.0"}
+
+
+def test_a_time_in_the_prefix_is_never_read_as_a_gpu_address():
+    line = "2026-12-01T10:25:43,123456+00:00 gpu-node-7 kernel: NVRM: GPU has fallen off the bus."
+    (finding,) = classify_log(line)
+    assert finding.component == NODE
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: Xid (PCI:0000:b3:00.0): 79, pid='<unknown>', name=<unknown>, GPU has fallen off",
+        "NVRM: Xid (PCI:b3:00): 79, GPU has fallen off the bus.",
+        "NVRM: Xid (00000000:B3:00.0): 79, GPU has fallen off the bus.",
+        "kernel: Xid (PCI:0000:b3:00): 79, GPU has fallen off the bus.",  # NVRM: dropped
+    ],
+)
+def test_xid_79_in_every_address_spelling(line):
+    (finding,) = classify_log(line)
+    assert (finding.code, finding.component.id) == ("XID_79", "0000:b3:00.0")
+    assert finding.action is Action.REBOOT
