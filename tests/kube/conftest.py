@@ -15,6 +15,7 @@ from gpuguard.kube.rest import KubeApi, load_api
 from tests.support.cluster import finish_terminating_pods, install_crds, scratch_namespace
 from tests.support.controllers import Running, new_controller
 from tests.support.controlplane import REPO, ControlPlane, testenv_bin
+from tests.support.jobsystem import JobSystem
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +34,20 @@ def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
     with load_api(control_plane.admin_kubeconfig) as client:
         install_crds(client)
         yield client
+
+
+@pytest.fixture(scope="module")
+def job_system(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[JobSystem]:
+    """The Job controller, kube-scheduler and KWOK (the kubelet of KWOK's nodes), for the
+    modules whose pods must be scheduled, run and end."""
+    system = JobSystem(control_plane, Path(tmp_path_factory.mktemp("jobsystem")))
+    try:
+        system.start()
+        yield system
+    finally:
+        system.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,24 +23,12 @@ from gpuguard.kube.rest import Json, KubeApi, KubeRejected
 from gpuguard.remediation.model import TAINT_KEY
 from tests.support.cluster import install_crd, scratch_namespace, set_health, wait_for
 from tests.support.controllers import Running, new_controller
-from tests.support.controlplane import REPO, ControlPlane
+from tests.support.controlplane import REPO
 from tests.support.jobsystem import JobSystem, end_pod, make_kwok_node, released_crd
 
 EXAMPLES = REPO / "examples" / "jobs"
 POOL = "karpenter.sh/nodepool"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-
-
-@pytest.fixture(scope="module")
-def job_system(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[JobSystem]:
-    system = JobSystem(control_plane, Path(tmp_path_factory.mktemp("jobsystem")))
-    try:
-        system.start()
-        yield system
-    finally:
-        system.stop()
 
 
 @pytest.fixture
