@@ -6,21 +6,7 @@ jobs use: a node's front-end Ethernet NICs appear too, often administratively do
 port first gets a role (:func:`assign_roles`), and only fabric ports are judged; a port
 outside the fabric never gets a finding that asks for an action.
 
-Roles, in order: ``network.devices.exclude`` takes a device out; ``network.devices.include``,
-when set, makes exactly its devices the fabric. Otherwise they are inferred:
-
-- InfiniBand and EFA ports are fabric.
-- Ethernet ports beside InfiniBand or EFA ports are the front end, unless
-  ``network.expected.Ethernet`` is set (then they are judged as on an all-Ethernet node).
-- On an all-Ethernet node (RoCE) a port is fabric only if it is in use (physical state
-  ``LinkUp``, or unreadable: fail closed) and of the adapter model most in-use ports have;
-  a port of another model is taken for a front-end NIC. Among ports of that model, with
-  ``network.expected.Ethernet.ports`` = N the N fastest are the fabric; without it, a
-  port under half the fabric rate (the expected rate, else the model's fastest port) is
-  taken for a front-end port of the same model, and a port at half rate or more is a fabric
-  port and judged. A fabric link that lost one step (half its lanes or half its lane speed)
-  still shows half its rate; a same-model front end at half the fabric rate, or a fabric
-  port that fell below half, needs N or ``network.devices`` to be told apart.
+Roles: see :mod:`gpuguard.checks.network_roles`.
 
 What the findings mean (fabric ports only):
 
@@ -53,17 +39,23 @@ What the findings mean (fabric ports only):
 
 from __future__ import annotations
 
-import fnmatch
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.ibstat import IbPanic, IbstatPorts, parse_ibstat
+from gpuguard.checks.network_roles import (
+    EFA,
+    ETHERNET,
+    INFINIBAND,
+    PortRole,
+    Role,
+    assign_roles,
+    in_scope,
+    link_layer_of,
+)
 from gpuguard.checks.network_sysfs import (
     ACTIVE,
     ACTIVE_DEFER,
@@ -74,7 +66,6 @@ from gpuguard.checks.network_sysfs import (
     LINK_UP,
     POLLING,
     PortRecord,
-    natural_key,
     read_infiniband_sysfs,
 )
 from gpuguard.config import LinkLayer, NetworkConfig
@@ -83,6 +74,9 @@ from gpuguard.model import NODE, Action, Finding, Layer, Severity, nic
 from gpuguard.sources import Artifact
 
 __all__ = [
+    "EFA",
+    "ETHERNET",
+    "INFINIBAND",
     "NetworkCheck",
     "PortRecord",
     "PortRole",
@@ -90,14 +84,11 @@ __all__ = [
     "assign_roles",
     "counter_deltas",
     "evaluate_ports",
+    "in_scope",
     "link_layer_of",
     "parse_ibstat",
     "read_infiniband_sysfs",
 ]
-
-INFINIBAND: LinkLayer = "InfiniBand"
-ETHERNET: LinkLayer = "Ethernet"
-EFA: LinkLayer = "EFA"
 NO_NETWORK_CONFIG = NetworkConfig()
 
 # Error counters whose rise between two samples is a finding. Any rise counts (threshold 1):
@@ -139,129 +130,6 @@ _AWAITING_SM = {
     ARMED: "state ARMED: the subnet manager configured the port but did not activate it"
     " (its sweep stopped short; check the SM's log)",
 }
-
-
-class Role(StrEnum):
-    """What a port is to this check: judged (fabric), or left alone."""
-
-    FABRIC = "fabric"
-    FRONT_END = "front-end"
-    EXCLUDED = "excluded"
-
-
-@dataclass(frozen=True)
-class PortRole:
-    role: Role
-    why: str
-
-    @property
-    def fabric(self) -> bool:
-        return self.role is Role.FABRIC
-
-
-def link_layer_of(port: PortRecord) -> LinkLayer:
-    """InfiniBand, Ethernet (RoCE), or EFA for anything else (EFA's sysfs says "Unknown")."""
-    if port.link_layer == INFINIBAND:
-        return INFINIBAND
-    if port.link_layer == ETHERNET:
-        return ETHERNET
-    return EFA
-
-
-def in_scope(device: str, network: NetworkConfig) -> bool:
-    """False for a device ``network.devices`` leaves out: neither judged nor counted."""
-    patterns = network.devices
-    if any(fnmatch.fnmatchcase(device, pattern) for pattern in patterns.exclude):
-        return False
-    return patterns.include is None or any(
-        fnmatch.fnmatchcase(device, pattern) for pattern in patterns.include
-    )
-
-
-def assign_roles(
-    ports: Sequence[PortRecord], network: NetworkConfig, link_gbps: float | None
-) -> dict[str, PortRole]:
-    """Each port's role, by port name (see the module docstring for the rules)."""
-    roles: dict[str, PortRole] = {}
-    inferred: list[PortRecord] = []
-    for port in ports:
-        if not in_scope(port.device, network):
-            roles[port.name] = PortRole(Role.EXCLUDED, "left out by network.devices")
-        elif network.devices.include is not None:
-            roles[port.name] = PortRole(Role.FABRIC, "in network.devices.include")
-        else:
-            inferred.append(port)
-    ethernet = [port for port in inferred if link_layer_of(port) == ETHERNET]
-    for port in inferred:
-        if link_layer_of(port) != ETHERNET:
-            roles[port.name] = PortRole(Role.FABRIC, f"{link_layer_of(port)} port")
-    if len(ethernet) < len(inferred) and ETHERNET not in network.expected:
-        front_end = PortRole(Role.FRONT_END, "Ethernet beside InfiniBand/EFA: the front end")
-        roles.update((port.name, front_end) for port in ethernet)
-    else:
-        expected = network.expected.get(ETHERNET)
-        gbps = expected.gbps if expected and expected.gbps is not None else link_gbps
-        roles.update(_roce_roles(ethernet, gbps, expected.ports if expected else None))
-    return roles
-
-
-def _roce_roles(
-    ports: Sequence[PortRecord], gbps: float | None, count: int | None
-) -> dict[str, PortRole]:
-    roles: dict[str, PortRole] = {}
-    in_use = [p for p in ports if p.phys_state in (LINK_UP, None) or p.state is None]
-    idle = [p for p in ports if p not in in_use]
-    for port in idle:
-        why = "administratively Disabled" if port.phys_state == DISABLED else "no link"
-        roles[port.name] = PortRole(Role.FRONT_END, f"{why}, not configured as fabric")
-    if not in_use:
-        return roles
-    model = _majority_model(in_use)
-    same = [p for p in in_use if p.ca_type == model]
-    for port in in_use:
-        if port.ca_type != model:
-            why = f"adapter model {port.ca_type}, the RoCE fabric's is {model}"
-            roles[port.name] = PortRole(Role.FRONT_END, why)
-    if count is not None:
-        ranked = sorted(same, key=lambda p: (-_rate_or_inf(p), natural_key(p.name)))
-        # Short of N in use: a same-model port without a link is likely a missing one.
-        spare = [p for p in idle if p.ca_type == model and p.phys_state != DISABLED]
-        for index, port in enumerate([*ranked, *spare]):
-            if index < count:
-                why = f"one of the {count} fastest {model} ports (the expected RoCE fabric)"
-                roles[port.name] = PortRole(Role.FABRIC, why)
-            elif port in ranked:
-                why = f"slower than the {count} expected RoCE fabric ports"
-                roles[port.name] = PortRole(Role.FRONT_END, why)
-        return roles
-    reference = gbps if gbps is not None else max(_rate_or_zero(p) for p in same)
-    for port in same:
-        if port.rate_gbps is None or port.rate_gbps >= reference / 2:
-            roles[port.name] = PortRole(Role.FABRIC, f"RoCE port of the fabric's model {model}")
-        else:
-            why = (
-                f"{port.rate_gbps:g} Gb/s, under half the fabric's {reference:g}: a front-end"
-                " port of the same model (set network.expected.Ethernet.ports to judge it)"
-            )
-            roles[port.name] = PortRole(Role.FRONT_END, why)
-    return roles
-
-
-def _majority_model(ports: Sequence[PortRecord]) -> str | None:
-    """The adapter model most ports have; a tie goes to the faster, then the first named."""
-    counts = Counter(port.ca_type for port in ports)
-    peak: dict[str | None, float] = {}
-    for port in ports:
-        peak[port.ca_type] = max(peak.get(port.ca_type, 0.0), _rate_or_zero(port))
-    return min(counts, key=lambda model: (-counts[model], -peak[model], str(model)))
-
-
-def _rate_or_zero(port: PortRecord) -> float:
-    return 0.0 if port.rate_gbps is None else port.rate_gbps
-
-
-def _rate_or_inf(port: PortRecord) -> float:
-    return float("inf") if port.rate_gbps is None else port.rate_gbps
 
 
 def _finding(
