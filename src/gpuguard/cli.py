@@ -53,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
     check.add_argument("--expected-gpus", type=int, metavar="N")
     check.add_argument("--expected-nics", type=int, metavar="N", help="RDMA adapters (EFA/IB)")
-    check.add_argument("--expected-link-gbps", type=float, metavar="G", help="minimum port rate")
+    check.add_argument(
+        "--expected-link-gbps",
+        type=float,
+        metavar="G",
+        help="minimum rate of every active fabric port",
+    )
     check.add_argument("--timeout", type=float, metavar="S", help="default per-check timeout")
     check.add_argument(
         "--no-fail-closed",
