@@ -12,6 +12,7 @@ from gpuguard.errors import ConfigError
 from gpuguard.model import Action
 from gpuguard.remediation.model import LayerReport, Phase
 from gpuguard.remediation.policy import Policy, build_policy
+from gpuguard.sim.agent_view import AgentView, DeepFinding, NodeSignals
 from tests.unit.remediation_builders import DISRUPTIVE, GPU0, K, Sim, bad, fleet, kinds, node
 
 REMAP = ("ROW_REMAP_PENDING",)
@@ -102,3 +103,12 @@ def test_policy_section_is_validated_and_defaults_to_four_hours():
         build_policy({"drain_and_reset": {"max_wait_s": -1}}, "policy.yaml")
     with pytest.raises(ConfigError, match="drain_and_reset"):
         build_policy({"drain_and_reset": {"max_wait": 60}}, "policy.yaml")
+
+
+def test_the_simulator_sees_a_slow_gpu_as_a_deferred_repair():
+    # The simulator's agent view runs the real judge, report and projection.
+    view = AgentView()
+    slow = view.verdict(NodeSignals(deep=(DeepFinding("slow", 0, 0.5),))).layers["gpu"]
+    assert (slow.status, slow.action, slow.deferred) == ("False", Action.RESET_GPU, True)
+    corrupt = view.verdict(NodeSignals(deep=(DeepFinding("corrupt", 0),))).layers["gpu"]
+    assert (corrupt.status, corrupt.deferred) == ("False", False)
