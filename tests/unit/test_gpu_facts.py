@@ -8,7 +8,13 @@ from dataclasses import replace
 import pytest
 
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
+from gpuguard.checks.smi_xml import parse_smi_xml
+from gpuguard.config import DeepChecks, GpuFigures
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
+from tests.conftest import read_data
+
+XML_A10G = "nvidia-smi-q-x_a10g_515.105.01_v11.xml"
+XML_T4 = "nvidia-smi-q-x_tesla-t4_515.105.01_v11.xml"
 
 BUS_ID = "00000000:19:00.0"
 UUID = "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa"
@@ -232,10 +238,33 @@ def test_normal_clock_reasons_give_nothing() -> None:
 # PCIe
 
 
-def test_pcie_width_below_max_warns_and_asks_for_a_reboot() -> None:
+def test_pcie_width_below_the_models_installed_width_warns() -> None:
     finding = only(judge(healthy(pcie_width_current=8)))
     assert verdict(finding) == ("PCIE_WIDTH_DEGRADED", Severity.WARNING, Action.NONE)
-    assert finding.evidence == "pcie_width_current=8 pcie_width_max=16"
+    assert finding.evidence == "pcie_width_current=8 pcie_width_max=16 pcie_width_expected=16"
+    assert "x16 NVIDIA H100 80GB HBM3 is installed at" in finding.message
+
+
+@pytest.mark.parametrize("capture", [XML_A10G, XML_T4])
+def test_cards_wired_at_x8_by_design_are_healthy(capture) -> None:
+    # EC2 G5 and G4dn wire these x16 cards at x8: the real captures say "16x" max, "8x" now.
+    (facts,) = parse_smi_xml(read_data(capture))
+    assert (facts.pcie_width_current, facts.pcie_width_max) == (8, 16)
+    assert "PCIE_WIDTH_DEGRADED" not in {f.code for f in evaluate_gpus([facts], 1, "test")}
+
+
+def test_a_pool_override_of_the_installed_width_is_honoured() -> None:
+    facts = healthy(name="NVIDIA A10G", pcie_width_current=8, pcie_width_max=16)
+    wired_x16 = DeepChecks(expected={"NVIDIA A10G": GpuFigures(pcie_width=16)})
+    assert judge(facts) == []
+    (finding,) = evaluate_gpus([facts], None, "test", wired_x16)
+    assert finding.code == "PCIE_WIDTH_DEGRADED"
+
+
+def test_a_model_not_in_the_table_is_judged_against_the_cards_maximum() -> None:
+    facts = healthy(name="NVIDIA Future GPU", pcie_width_current=8)
+    (finding,) = judge(facts)
+    assert finding.code == "PCIE_WIDTH_DEGRADED" and "the card's x16" in finding.message
 
 
 def test_pcie_generation_below_max_is_only_info() -> None:

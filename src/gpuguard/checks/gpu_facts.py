@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpuguard.checks.xid_catalog import RECOVERY_ACTIONS
+from gpuguard.checks.load.figures import builtin_table, expected_for
+from gpuguard.checks.xid_catalog import DEFERRED_RECOVERY, RECOVERY_ACTIONS
+from gpuguard.config import DeepChecks
 from gpuguard.model import (
     NODE,
     Action,
@@ -139,9 +141,6 @@ RULES: dict[str, tuple[Severity, Action]] = {
 # takes over at the reset), so its jobs may finish while no new work lands; the controller
 # resets it when they have, or at its policy bound (``drain_and_reset.max_wait_s``).
 DEFERRED = frozenset({"ROW_REMAP_PENDING", "RETIRED_PAGES_PENDING"})
-# The driver's recovery actions that say the same in its own words (R565+ drivers); the
-# other actions ("GPU Reset Required", "Node Reboot Required") are repairs needed now.
-DEFERRED_RECOVERY_ACTIONS = frozenset({"drain and reset", "drain p2p"})
 
 # Clock event reasons that mean the hardware or the driver is holding clocks down. Idle,
 # SW power cap, sync boost and the clock settings are normal operation.
@@ -194,11 +193,17 @@ def _verdict(
     )
 
 
-def evaluate_gpus(facts: list[GpuFacts], expected_gpus: int | None, source: str) -> list[Finding]:
+def evaluate_gpus(
+    facts: list[GpuFacts],
+    expected_gpus: int | None,
+    source: str,
+    deep: DeepChecks | None = None,
+) -> list[Finding]:
     """Every finding the facts support: the GPU count, then GPUs in PCI bus order.
 
     A fact that is ``None`` (not measured) yields no finding of its own, so the report
-    never claims that a check it could not make passed or failed.
+    never claims that a check it could not make passed or failed. ``deep`` carries a node
+    pool's overrides of the expected-figure table (the PCIe width a model is installed at).
     """
     findings: list[Finding] = []
     if expected_gpus is not None and len(facts) != expected_gpus:
@@ -208,6 +213,8 @@ def evaluate_gpus(facts: list[GpuFacts], expected_gpus: int | None, source: str)
         component = gpu(one.pci_bus_id, one.uuid)
         for rule in _GPU_RULES:
             findings.extend(_finding(verdict, component, source) for verdict in rule(one))
+        width = _pcie_width_rule(one, deep or DeepChecks())
+        findings.extend(_finding(verdict, component, source) for verdict in width)
     return findings
 
 
@@ -325,14 +332,26 @@ def _clock_rule(facts: GpuFacts) -> Iterator[_Verdict]:
             yield _verdict(code, message, evidence)
 
 
-def _pcie_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+def _pcie_width_rule(facts: GpuFacts, deep: DeepChecks) -> Iterator[_Verdict]:
+    """The link's width against the width the model is installed at (the expected-figure
+    table, or the pool's ``deep.expected``), else against the card's maximum.
+
+    Some machines wire an x16 card at x8 by design (the A10G in EC2 G5, the T4 in G4dn):
+    judged against the card's maximum, every such node would be Degraded for good.
+    """
     width, width_max = facts.pcie_width_current, facts.pcie_width_max
-    if width is not None and width_max is not None and width < width_max:
+    figures = expected_for(facts.name, builtin_table(), deep) if facts.name else None
+    expected = figures.pcie_width if figures and figures.pcie_width else width_max
+    if width is not None and expected is not None and width < expected:
+        against = f"the x{expected} {facts.name} is installed at" if figures else "the card's"
         yield _verdict(
             "PCIE_WIDTH_DEGRADED",
-            f"PCIe link runs at x{width} of x{width_max}",
-            f"pcie_width_current={width} pcie_width_max={width_max}",
+            f"PCIe link runs at x{width}, below {against} x{expected}",
+            f"pcie_width_current={width} pcie_width_max={width_max} pcie_width_expected={expected}",
         )
+
+
+def _pcie_rule(facts: GpuFacts) -> Iterator[_Verdict]:
     gen, gen_max = facts.pcie_gen_current, facts.pcie_gen_max
     if gen is not None and gen_max is not None and gen < gen_max:
         yield _verdict(
@@ -387,7 +406,9 @@ def _recovery_verdict(text: str) -> _Verdict | None:
         return _verdict("RECOVERY_ACTION_REQUIRED", message, evidence, action=Action.NONE)
     severity, action = known
     message = f"the driver's recovery action is '{text}'"
-    deferred = key in DEFERRED_RECOVERY_ACTIONS and action is not Action.NONE
+    # The driver's "Drain and Reset" (R570+) says what DEFERRED says, in its own words; its
+    # "Drain P2P" asks for the processes doing peer-to-peer traffic to end now.
+    deferred = key == DEFERRED_RECOVERY
     return _verdict(
         "RECOVERY_ACTION_REQUIRED", message, evidence, severity, action, deferred=deferred
     )

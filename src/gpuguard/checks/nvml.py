@@ -319,7 +319,9 @@ class NvmlCheck:
                 "NVML reads the live node only; bundles carry nvidia-smi output instead"
             )
         nvml = self._nvml if self._nvml is not None else _import_pynvml()
-        findings = evaluate_gpus(read_gpu_facts(nvml), ctx.expectations.gpus, "nvml")
+        findings = evaluate_gpus(
+            read_gpu_facts(nvml), ctx.expectations.gpus, "nvml", ctx.config.deep
+        )
         # A short look: the kernel log check is the full Xid history; this catches new ones.
         window_ms = min(EVENT_WINDOW_MS, int(ctx.timeout_s * 1000 / 10))  # a tenth at most
         try:

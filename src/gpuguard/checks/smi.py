@@ -39,7 +39,7 @@ class SmiCheck:
             output = ctx.sources.read(Artifact.NVIDIA_SMI_TEXT, ctx.timeout_s)
             read = _read_smi_text
         report = _parse(output, read)
-        findings = evaluate_gpus(report.gpus, ctx.expectations.gpus, source=SOURCE)
+        findings = evaluate_gpus(report.gpus, ctx.expectations.gpus, SOURCE, ctx.config.deep)
         if len(report.gpus) < report.attached_gpus:
             findings.insert(0, _unlisted_gpus(report))
         return findings

@@ -122,6 +122,7 @@ RECOVERY_ACTIONS: dict[str, tuple[Severity, Action]] = {
     "system reboot": (Severity.CRITICAL, Action.REBOOT),
     "recover imex domain": (Severity.CRITICAL, Action.REBOOT),
 }
+# The recovery action that is a deferred repair (Finding.deferred).
 DEFERRED_RECOVERY = "drain and reset"
 
 _RECOVERY_CHANGE = re.compile(r"to 0x[0-9a-fA-F]+ \((?P<to>[^)]*)\)")

@@ -32,7 +32,7 @@ class DeepGpuCheck:
     def run(self, ctx: CheckContext) -> list[Finding]:
         # Imported here: the suite's NumPy and the table cost an idle agent ~15 MB, and
         # most agents run the suite rarely or never.
-        from gpuguard.checks.load.figures import load_table
+        from gpuguard.checks.load.figures import builtin_table
         from gpuguard.checks.load.judge import judge
         from gpuguard.checks.load.measure import Suite
         from gpuguard.checks.load.telemetry import LoadTelemetry
@@ -50,7 +50,7 @@ class DeepGpuCheck:
         deep = ctx.config.deep
         # Leave the runner's margin for start-up; a suite never plans past its timeout.
         budget = min(deep.budget_s, max(1.0, ctx.timeout_s - DEEP_TIMEOUT_MARGIN_S))
-        table = self._table or load_table()
+        table = self._table or builtin_table()
         telemetry = LoadTelemetry(self._nvml if self._nvml is not None else _pynvml())
         telemetry.start(expected_s=budget)
         try:

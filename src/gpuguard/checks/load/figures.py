@@ -6,6 +6,7 @@ source); a node pool's config replaces any figure of a row (``deep.expected``).
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,12 @@ def load_table(path: Path | None = None) -> FigureTable:
         raise ConfigError(
             describe_invalid(exc, origin, "expected-figure table", _model_at)
         ) from None
+
+
+@cache
+def builtin_table() -> FigureTable:
+    """The table shipped in the package, read once (it is frozen, so safe to share)."""
+    return load_table()
 
 
 def _model_at(loc: list[str]) -> type[BaseModel]:
