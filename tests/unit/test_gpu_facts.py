@@ -171,6 +171,12 @@ def test_retired_pages_pending() -> None:
     assert verdict(finding) == ("RETIRED_PAGES_PENDING", Severity.WARNING, Action.RESET_GPU)
 
 
+def test_a_full_page_retirement_table_replaces_the_machine() -> None:
+    finding = only(judge(healthy(retired_pages=63)))
+    assert verdict(finding) == ("RETIRED_PAGES_LIMIT", Severity.CRITICAL, Action.REPLACE)
+    assert judge(healthy(retired_pages=62)) == []
+
+
 # Temperature
 
 

@@ -30,6 +30,7 @@ class FakeGpu:
     ecc_uncorrected: int = 0
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
     retired_pages_pending: int = 0
+    retired_pages: tuple[int, int] = (0, 0)  # single-bit, double-bit
     mig_mode: tuple[int, int] = (0, 0)
     temperature: int = 34
     clock_reasons: int = 0x1  # idle
@@ -108,6 +109,10 @@ class FakeNvml:
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
         return self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", handle).retired_pages_pending
+
+    def nvmlDeviceGetRetiredPages(self, handle: int, cause: int) -> list[int]:
+        count = self._gpu("nvmlDeviceGetRetiredPages", handle).retired_pages[cause]
+        return [0x1000 * page for page in range(count)]
 
     def nvmlDeviceGetMigMode(self, handle: int) -> tuple[int, int]:
         return self._gpu("nvmlDeviceGetMigMode", handle).mig_mode
@@ -210,6 +215,7 @@ def test_healthy_node_reads_every_fact() -> None:
         0,
     )
     assert first.retired_pages_pending is False
+    assert first.retired_pages == 0
     assert first.mig_enabled is False
     assert (first.temperature_c, first.slowdown_temp_c, first.shutdown_temp_c) == (34, 89, 92)
     assert first.clock_event_reasons == {"gpu_idle"}
@@ -251,11 +257,17 @@ def test_unobtainable_handle_is_a_gpu_with_an_error() -> None:
     assert len(facts) == 8 and facts[6].error is None
 
 
+def test_retired_pages_of_both_causes_are_counted() -> None:
+    (facts,) = read_gpu_facts(FakeNvml([h100(0, retired_pages=(40, 24))]))
+    assert facts.retired_pages == 64
+
+
 def test_not_supported_leaves_facts_unmeasured() -> None:
     calls = [
         "nvmlDeviceGetTotalEccErrors",
         "nvmlDeviceGetRemappedRows",
         "nvmlDeviceGetRetiredPagesPendingStatus",
+        "nvmlDeviceGetRetiredPages",
         "nvmlDeviceGetTemperature",
         "nvmlDeviceGetMaxPcieLinkWidth",
     ]
@@ -264,7 +276,7 @@ def test_not_supported_leaves_facts_unmeasured() -> None:
     assert facts.error is None
     assert facts.ecc_uncorrected_volatile is None
     assert facts.remap_pending is None and facts.remap_uncorrectable is None
-    assert facts.retired_pages_pending is None
+    assert facts.retired_pages_pending is None and facts.retired_pages is None
     assert facts.temperature_c is None
     assert facts.pcie_width_max is None
     assert facts.slowdown_temp_c == 89  # the calls that worked still count

@@ -64,6 +64,7 @@ def _gpu_facts() -> Iterator[Finding]:
         remap_failure=True,
         remap_uncorrectable=600,
         retired_pages_pending=True,
+        retired_pages=64,
         temperature_c=95,
         slowdown_temp_c=87,
         shutdown_temp_c=92,

@@ -192,9 +192,37 @@ def test_v11_throttle_reasons_and_remapped_rows() -> None:
     assert (facts.pcie_gen_current, facts.pcie_gen_max) == (1, 4)
 
 
+def test_a_full_retirement_table_in_either_format_fails_the_gpu() -> None:
+    full = (
+        read(T4_V11)
+        .replace(
+            "<multiple_single_bit_retirement>\n                <retired_count>0",
+            "<multiple_single_bit_retirement>\n                <retired_count>50",
+        )
+        .replace(
+            "<double_bit_retirement>\n                <retired_count>0",
+            "<double_bit_retirement>\n                <retired_count>14",
+        )
+    )
+    (facts,) = parse_smi_xml(full)
+    assert facts.retired_pages == 64
+    assert "RETIRED_PAGES_LIMIT" in {f.code for f in evaluate_gpus([facts], None, "t")}
+    text = (
+        read(A10_REMAP_PENDING)
+        .replace(
+            "Single Bit ECC                    : N/A", "Single Bit ECC                    : 60"
+        )
+        .replace("Double Bit ECC                    : N/A", "Double Bit ECC                    : 3")
+    )
+    (facts,) = parse_smi_text(text)
+    assert facts.retired_pages == 63
+    assert read(A10_REMAP_PENDING) != text
+
+
 def test_t4_page_retirement_measured_and_remap_not_applicable() -> None:
     facts = parse_smi_xml(read(T4_V11))[0]
     assert facts.retired_pages_pending is False
+    assert facts.retired_pages == 0
     assert (facts.remap_pending, facts.remap_failure) == (None, None)
     assert facts.mig_enabled is None
 

@@ -51,6 +51,8 @@ class GpuFacts:
     remap_failure: bool | None = None
     remap_uncorrectable: int | None = None
     retired_pages_pending: bool | None = None
+    # Pages retired so far, single- and double-bit causes together (pre-Ampere).
+    retired_pages: int | None = None
     temperature_c: float | None = None
     slowdown_temp_c: float | None = None
     shutdown_temp_c: float | None = None
@@ -114,6 +116,9 @@ RULES: dict[str, tuple[Severity, Action]] = {
     "ROW_REMAP_UNCORRECTABLE_HIGH": (Severity.WARNING, Action.NONE),
     # Pre-Ampere page retirement, like a remap, is applied at the next reset (deferred).
     "RETIRED_PAGES_PENDING": (Severity.WARNING, Action.RESET_GPU),
+    # The page-retirement table is (nearly) full: the next weak page cannot be retired, so
+    # the memory is beyond in-field repair (DCGM fails a GPU here; NVIDIA's maximum is 64).
+    "RETIRED_PAGES_LIMIT": (Severity.CRITICAL, Action.REPLACE),
     # Heat is a cooling or workload problem, not a broken GPU: no action on the GPU.
     "TEMPERATURE_ABOVE_SLOWDOWN": (Severity.WARNING, Action.NONE),
     "TEMPERATURE_AT_SHUTDOWN": (Severity.CRITICAL, Action.NONE),
@@ -153,6 +158,8 @@ SLOWDOWN_CODES = {
 
 # DCGM's memory health watch warns at this many uncorrectable row remaps.
 ROW_REMAP_UNCORRECTABLE_WARN = 512
+# DCGM_LIMIT_MAX_RETIRED_PAGES: DCGM fails a GPU with this many retired pages (SBE + DBE).
+RETIRED_PAGES_LIMIT = 63
 
 # NVLink counters are cumulative and one snapshot has no rate. CRC, replay and ECC errors
 # are corrected by retransmission and accumulate slowly on healthy links: INFO. A recovery
@@ -293,6 +300,13 @@ def _memory_rule(facts: GpuFacts) -> Iterator[_Verdict]:
             "RETIRED_PAGES_PENDING",
             "page retirement pending: reset to apply",
             "retired_pages_pending=True",
+        )
+    retired = facts.retired_pages
+    if retired is not None and retired >= RETIRED_PAGES_LIMIT:
+        yield _verdict(
+            "RETIRED_PAGES_LIMIT",
+            f"{retired} pages retired: the retirement table has no room left",
+            f"retired_pages={retired}",
         )
 
 

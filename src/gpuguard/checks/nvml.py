@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import CLOCK_EVENT_REASONS, GpuFacts, NvLinkFacts, evaluate_gpus
+from gpuguard.checks.smi_common import total
 from gpuguard.checks.xid_catalog import xid_finding
 from gpuguard.errors import CheckError, CheckFailed, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Severity, gpu
@@ -41,6 +42,8 @@ NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
 NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+# nvmlPageRetirementCause_t
+NVML_PAGE_RETIREMENT_CAUSES = (0, 1)  # multiple single-bit ECC errors, a double-bit one
 NVML_NVLINK_MAX_LINKS = 36
 NVML_FI_DEV_RESET_STATUS = 226  # deprecated by 230, still the only signal on R55x drivers
 NVML_FI_DEV_DRAIN_AND_RESET_STATUS = 227
@@ -171,6 +174,11 @@ def _fill_facts(nvml: Any, handle: Any, facts: GpuFacts) -> None:
         facts.remap_failure = bool(failure)
     retired_pending = _measure(nvml, nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
     facts.retired_pages_pending = None if retired_pending is None else bool(retired_pending)
+    retired = [
+        _measure(nvml, nvml.nvmlDeviceGetRetiredPages, handle, cause)
+        for cause in NVML_PAGE_RETIREMENT_CAUSES
+    ]
+    facts.retired_pages = total([len(pages) for pages in retired if pages is not None])
     mig = _measure(nvml, nvml.nvmlDeviceGetMigMode, handle)
     facts.mig_enabled = None if mig is None else bool(mig[0])
     _fill_thermal(nvml, handle, facts)

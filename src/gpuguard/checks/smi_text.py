@@ -160,6 +160,9 @@ def _gpu_facts(section: _GpuSection) -> GpuFacts:
                 if label.startswith("Pending")
             ]
         ),
+        retired_pages=total(
+            [integer(get("Retired Pages", cause)) for cause in ("Single Bit ECC", "Double Bit ECC")]
+        ),
         temperature_c=number(get("Temperature", "GPU Current Temp")),
         slowdown_temp_c=number(get("Temperature", "GPU Slowdown Temp")),
         shutdown_temp_c=number(get("Temperature", "GPU Shutdown Temp")),

@@ -90,6 +90,12 @@ def _gpu_facts(element: ET.Element) -> GpuFacts:
                 yes_no(element.findtext("retired_pages/pending_retirement")),
             ]
         ),
+        retired_pages=total(
+            [
+                integer(element.findtext(f"retired_pages/{cause}/retired_count"))
+                for cause in ("multiple_single_bit_retirement", "double_bit_retirement")
+            ]
+        ),
         temperature_c=number(element.findtext("temperature/gpu_temp")),
         slowdown_temp_c=number(element.findtext("temperature/gpu_temp_slow_threshold")),
         shutdown_temp_c=number(element.findtext("temperature/gpu_temp_max_threshold")),
