@@ -10,11 +10,13 @@ exactly when the finding is). The docs' ``repair`` column says the same.
 from __future__ import annotations
 
 import ast
+import csv
 import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,12 @@ def _recovery_texts() -> list[str]:
 def _kernel_logs() -> Iterator[Finding]:
     for path in FIXTURES:
         yield from classify_log(path.read_text(errors="replace"))
+    # Every driver and kernel message of the table, printed with placeholder values.
+    table = resources.files("gpuguard").joinpath("data/kernel_messages.csv").read_text()
+    for row in csv.DictReader(table.splitlines()):
+        text = row["format"].replace("\\n", "\n")
+        text = re.sub(r"%0?\d*(?:ll|l|L)?[duxX]", "1", text).replace("%s", "x")
+        yield from classify_log("NVRM: GPU 0000:3b:00.0: " + text if "NVRM" not in text else text)
 
 
 @cache
