@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import resources
 
 import pytest
@@ -97,27 +98,46 @@ def printed(draw: st.DrawFn, row: dict[str, str]) -> Printed:
     return Printed(CONVERSION.sub(fill, template).split("\n"), address)
 
 
-def deliver(lines: list[str], shape: str, noise: list[str]) -> list[str]:
+@dataclass(frozen=True)
+class Delivery:
+    shape: str
+    uptime_s: float  # the kernel's timestamp
+    when: datetime  # the wall-clock time dmesg -T, iso, journald and syslog print
+    noise: list[str]
+
+
+deliveries = st.builds(
+    Delivery,
+    st.sampled_from(SHAPES),
+    st.floats(0, 1e8, allow_nan=False),
+    st.datetimes(datetime(2020, 1, 1), datetime(2035, 12, 31)),
+    st.lists(st.sampled_from(CHATTER), max_size=6),
+)
+
+
+def deliver(lines: list[str], how: Delivery) -> list[str]:
     """The log text a collector gives for one message, with chatter around it."""
-    stamp = "[ 6781741.548768]"
-    if shape == "kmsg-record":
-        body = ["4,1234,6781741548768,-;" + "\\x0a".join(lines)]
-    elif shape == "kmsg-records":
-        body = [f"4,{1234 + i},6781741548768,-;{line}" for i, line in enumerate(lines)]
-    elif shape == "dmesg":
+    stamp = f"[{how.uptime_s:12.6f}]"
+    usec = int(how.uptime_s * 1e6)
+    if how.shape == "kmsg-record":
+        body = [f"4,1234,{usec},-;" + "\\x0a".join(lines)]
+    elif how.shape == "kmsg-records":
+        body = [f"4,{1234 + i},{usec},-;{line}" for i, line in enumerate(lines)]
+    elif how.shape == "dmesg":
         body = [f"{stamp} {line}" for line in lines]
-    elif shape == "dmesg-T":
-        body = [f"[Tue Dec  1 10:25:43 2026] {line}" for line in lines]
-    elif shape == "dmesg-iso":
-        body = [f"2026-12-01T10:25:43,123456+00:00 {line}" for line in lines]
-    elif shape == "dmesg-continuation":
+    elif how.shape == "dmesg-T":
+        body = [f"[{how.when:%a %b %e %H:%M:%S %Y}] {line}" for line in lines]
+    elif how.shape == "dmesg-iso":
+        body = [f"{how.when:%Y-%m-%dT%H:%M:%S,%f}+00:00 {line}" for line in lines]
+    elif how.shape == "dmesg-continuation":
         body = [f"{stamp} {lines[0]}", *lines[1:]]
-    elif shape == "journal":
-        head = "Dec 01 10:25:43 gpu-node-7 kernel: "
+    elif how.shape == "journal":
+        head = f"{how.when:%b %d %H:%M:%S} gpu-node-7 kernel: "
         body = [head + lines[0], *(" " * len(head) + line for line in lines[1:])]
     else:
-        body = [f"Dec  1 10:25:43 gpu-node-7 kernel: {stamp} {line}" for line in lines]
-    return noise[: len(noise) // 2] + body + noise[len(noise) // 2 :]
+        body = [f"{how.when:%b %e %H:%M:%S} gpu-node-7 kernel: {stamp} {line}" for line in lines]
+    half = len(how.noise) // 2
+    return how.noise[:half] + body + how.noise[half:]
 
 
 def expected_component(row: dict[str, str], address: str | None):
@@ -147,9 +167,7 @@ def assert_yields(row: dict[str, str], printed_message: Printed, findings) -> No
 @given(data=st.data())
 def test_every_format_string_yields_its_finding_from_every_collector(row, data):
     message = data.draw(printed(row))
-    shape = data.draw(st.sampled_from(SHAPES))
-    noise = data.draw(st.lists(st.sampled_from(CHATTER), max_size=6))
-    log = "\n".join(deliver(message.lines, shape, noise)) + "\n"
+    log = "\n".join(deliver(message.lines, data.draw(deliveries))) + "\n"
     assert_yields(row, message, classify_log(log))
     assert_yields(row, message, classify_log(log.encode()))
 
@@ -160,7 +178,8 @@ def test_every_format_string_yields_its_finding_from_every_collector(row, data):
 def test_the_agent_reads_a_message_split_over_separate_reads(row, data):
     message = data.draw(printed(row))
     state = KernelState(application_ttl_s=600, boot_id=lambda: "boot-1", clock=lambda: 0.0)
-    for line in deliver(message.lines, "kmsg-records", []):
+    how = Delivery("kmsg-records", 12.5, datetime(2026, 12, 1), [])
+    for line in deliver(message.lines, how):
         state.add_lines([line], reset=False)
     assert_yields(row, message, state.findings())
 
