@@ -240,3 +240,20 @@ def test_xid_79_in_every_address_spelling(line):
     (finding,) = classify_log(line)
     assert (finding.code, finding.component.id) == ("XID_79", "0000:b3:00.0")
     assert finding.action is Action.REBOOT
+
+
+def test_a_userspace_trap_is_not_a_kernel_fault():
+    log = (
+        "traps: python3[1234] general protection fault ip:7f2a sp:7ffc error:0 in libc.so.6\n"
+        "traps: a.out[99] trap divide error ip:401136 sp:7ffe error:0 in a.out[401000+1000]\n"
+        "traps: train[7] trap invalid opcode ip:7f01 sp:7ffd error:0 in libtorch_cpu.so\n"
+    )
+    assert classify_log(log) == []
+
+
+def test_an_sxid_whose_fatal_line_was_lost_is_fatal_by_its_severity_line():
+    line = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 12033, Severity 1 Engine instance 00"
+    (finding,) = classify_log(line)
+    assert (finding.severity, finding.action) == (Severity.CRITICAL, Action.REBOOT)
+    (finding,) = classify_log(line.replace("Severity 1", "Severity 0"))
+    assert finding.severity is Severity.WARNING

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from gpuguard.checks.kernel_messages import KernelEvent
 
 _SXID_LINK = re.compile(r",\s*(Link \d+[^,]*)")
+# "Fatal, Link 48 ...", or the follow-on "Severity 1 Engine instance ..." line, whose number
+# is NVSWITCH_ERROR_SEVERITY_TYPE (0 non-fatal, 1 fatal; error_nvswitch.c).
+_SXID_FATAL = re.compile(r"Fatal\b|Severity 1 Engine instance")
 
 # Xids that only ever follow another one in the same incident.
 _FOLLOWERS = frozenset({43, 45})
@@ -63,7 +66,20 @@ KERNEL_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     "blocked for more than": (Layer.KERNEL, "KERNEL_HUNG_TASK", Severity.WARNING, Action.NONE),
     "kernel BUG at": (Layer.KERNEL, "KERNEL_BUG", Severity.CRITICAL, Action.REBOOT),
     "BUG: unable to handle": (Layer.KERNEL, "KERNEL_BUG", Severity.CRITICAL, Action.REBOOT),
+    "BUG: kernel NULL pointer": (Layer.KERNEL, "KERNEL_BUG", Severity.CRITICAL, Action.REBOOT),
     "Oops: ": (Layer.KERNEL, "KERNEL_OOPS", Severity.CRITICAL, Action.REBOOT),
+    # The die header of a trap in kernel code (before 6.x kernels printed it without Oops:).
+    **{
+        trap: (Layer.KERNEL, "KERNEL_OOPS", Severity.CRITICAL, Action.REBOOT)
+        for trap in (
+            "general protection fault",
+            "divide error",
+            "invalid opcode",
+            "stack segment",
+            "double fault",
+        )
+    },
+    "Kernel panic - not syncing": (Layer.KERNEL, "KERNEL_PANIC", Severity.CRITICAL, Action.REBOOT),
 }
 # A hardware error the firmware (CPER/GHES "event severity"), the CPU (an MCA bank status
 # with its UC bit) or EDAC reports as not corrected: the machine's state is suspect and
@@ -77,6 +93,13 @@ DRIVER_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     "gpu_init_failed": (Layer.GPU, "GPU_INIT_FAILED", Severity.CRITICAL, Action.REBOOT),
     # A cable, as Xid 54 (CHECK_MECHANICALS): software cannot repair it.
     "gpu_power_cables": (Layer.GPU, "GPU_POWER_NOT_CONNECTED", Severity.CRITICAL, Action.REPLACE),
+    # As Xid 136 (link training failed, NVIDIA: RESET_GPU); the ladder goes on if it stays.
+    "nvlink_training_failed": (
+        Layer.GPU,
+        "NVLINK_TRAINING_FAILED",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+    ),
     # The driver says so itself: "The GPU likely needs to be reset", "GPU marked for reset".
     "gsp_rpc_errors": (Layer.GPU, "GSP_RPC_ERRORS", Severity.CRITICAL, Action.RESET_GPU),
     # A GPU this driver does not support is unusable, and no repair changes that.
@@ -90,6 +113,7 @@ _DRIVER_MESSAGES = {
     "GPU_INIT_FAILED": "the driver could not initialise {who}",
     "GPU_POWER_NOT_CONNECTED": "{who} does not have its power cables connected",
     "GSP_RPC_ERRORS": "{who} keeps timing out its GSP firmware calls; the driver asks for a reset",
+    "NVLINK_TRAINING_FAILED": "NVLink discovery of {who} with a peer failed: its links stay down",
     "GPU_UNSUPPORTED_BY_DRIVER": "{who} is not supported by the installed driver",
     "NVIDIA_DRIVER_MISMATCH": "the NVIDIA kernel module and its user-space libraries differ",
 }
@@ -267,7 +291,7 @@ def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
         groups.setdefault((event.code, event.device), []).append(event)
     findings = []
     for (code, device), lines in groups.items():
-        fatal = any(e.text.startswith("Fatal") for e in lines)
+        fatal = any(_SXID_FATAL.match(e.text) for e in lines)
         # "Fatal, Link 48 LTSSM Fault Up": the part after the first comma names the link.
         links = sorted({m[1] for e in lines if (m := _SXID_LINK.search(e.text))})
         component = Component("nvswitch", gpu(device).id)
@@ -286,7 +310,7 @@ def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
                     f"{'fatal' if fatal else 'non-fatal'}"
                     + (f": {', '.join(links)}" if links else "")
                 ),
-                evidence=next((e.line for e in lines if e.text.startswith("Fatal")), lines[0].line),
+                evidence=next((e.line for e in lines if _SXID_FATAL.match(e.text)), lines[0].line),
             )
         )
     return findings

@@ -39,6 +39,8 @@ MARKERS = (
     b"BUG",  # "BUG: soft lockup", "kernel BUG at", "BUG: unable to handle"
     b"blocked for more than",
     b"Oops",
+    b"Kernel panic",
+    b" [#",  # an x86 die header: "general protection fault: 0000 [#1] SMP PTI"
     b"Hardware Error",
     b"achine check",  # "Machine check events logged", "Kernel panic ...: Fatal machine check"
     b"EDAC ",

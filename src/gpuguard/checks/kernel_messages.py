@@ -54,6 +54,12 @@ DRIVER_MESSAGES: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     ("gpu_power_cables", re.compile(r"does not have the necessary power cables connected")),
+    # kernel_nvlink_gh100.c / kernel_nvlink.c: link discovery between two GPUs failed, so
+    # their NVLinks do not come up (NV_PRINTF names the function, not the GPU).
+    (
+        "nvlink_training_failed",
+        re.compile(r"postRxDetLinkMask failed|Failed to update Rx Detect Link mask"),
+    ),
     (
         "gsp_rpc_errors",
         re.compile(r"Rate limiting GSP RPC error prints|Back to back GSP RPC timeout"),
@@ -66,9 +72,15 @@ _EFA = re.compile(
     rf"(?:infiniband (?P<ibdev>(?:rdmap\w+|efa_\d+))|efa (?P<pci>{PCI_ADDRESS})): (?P<text>.*)"
 )
 # Kernel-level faults; kernel_incidents.KERNEL_RULES maps the matched words to findings.
+# An x86 die header (arch/x86/kernel/dumpstack.c: "%s: %04lx [#%d]") names the trap
+# that killed kernel code; userspace traps ("traps: python[12] general protection fault
+# ip:...") carry no such header and are not kernel faults.
 _KERNEL = re.compile(
     r"(?P<kind>soft lockup|blocked for more than \d+ seconds|kernel BUG at|BUG: unable to handle"
-    r"|Oops: |Hardware Error|[Mm]achine check|EDAC \S+: (?:\d+ )?(?:CE|UE) |EDAC \S+: Uncorrected)"
+    r"|BUG: kernel NULL pointer dereference|Oops: |Kernel panic - not syncing"
+    r"|(?:general protection fault|divide error|invalid opcode|stack segment|double fault)"
+    r"[^:]*: [0-9a-f]{4} \[#\d+\]"
+    r"|Hardware Error|[Mm]achine check|EDAC \S+: (?:\d+ )?(?:CE|UE) |EDAC \S+: Uncorrected)"
 )
 
 
