@@ -185,11 +185,17 @@ def test_roce_polling_port_is_pulled_in_by_the_port_count(tmp_path: Path) -> Non
     root = roce_tree(tmp_path)
     set_port(root, "mlx5_7/1", state="DOWN", phys_state="Polling", gbps=40)
     ports = read_infiniband_sysfs(root)
-    assert evaluate_ports(ports, None, 400, "sysfs") == []  # not in use, not configured
+    # Not configured: a dead fabric link or an unused port of the fabric's model. Never
+    # silent (a dead fabric link must show), never a repair (an unused port is fine).
+    (unconfirmed,) = evaluate_ports(ports, None, 400, "sysfs")
+    assert (unconfirmed.code, unconfirmed.component.id) == ("IB_LINK_DOWN", "mlx5_7/1")
+    assert (unconfirmed.severity, unconfirmed.action) == (Severity.WARNING, Action.NONE)
+    assert "network.expected.Ethernet.ports" in unconfirmed.message
     findings = evaluate_ports(
         ports, None, 400, "sysfs", network(expected={"Ethernet": {"ports": 8}})
     )
     assert codes(findings) == {"IB_LINK_DOWN": {"mlx5_7/1"}}
+    assert findings[0].action is Action.REBOOT
 
 
 # --- port states ----------------------------------------------------------------------------

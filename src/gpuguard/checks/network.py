@@ -184,7 +184,23 @@ def evaluate_ports(
             findings.append(finding)
     up = [port for port in fabric if port.link_up]
     findings.extend(_rate_findings(up, roles, network, expected_link_gbps, source))
+    findings.extend(
+        _candidate_down(port, roles[port.name], source)
+        for port in ports
+        if roles[port.name].role is Role.CANDIDATE
+    )
     return findings
+
+
+def _candidate_down(port: PortRecord, role: PortRole, source: str) -> Finding:
+    """A RoCE port that may be a lost fabric link or an unused one: say so, repair nothing."""
+    why = _NO_LINK.get(port.phys_state or "", f"physical state {port.phys_state}")
+    message = (
+        f"{port.name}: link down ({port.state}): {why}; a port of the fabric's adapter model,"
+        " so a lost fabric link or an unused port: set network.expected.Ethernet.ports (or"
+        " network.devices) to have it judged"
+    )
+    return _finding("IB_LINK_DOWN", Severity.WARNING, Action.NONE, port, source, message, role)
 
 
 def _state_finding(port: PortRecord, role: PortRole, source: str) -> Finding | None:

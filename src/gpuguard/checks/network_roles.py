@@ -19,7 +19,10 @@ when set, makes exactly its devices the fabric. Otherwise they are inferred:
   taken for a front-end port of the same model, and a port at half rate or more is a fabric
   port and judged. A fabric link that lost one step (half its lanes or half its lane speed)
   still shows half its rate; a same-model front end at half the fabric rate, or a fabric
-  port that fell below half, needs N or ``network.devices`` to be told apart.
+  port that fell below half, needs N or ``network.devices`` to be told apart. Without N,
+  a port of that model with no link that is not Disabled (``Polling``) is a fabric
+  candidate: a lost fabric link or an unused port, warned about and never repaired; with N
+  it fills a missing fabric place and is judged.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ class Role(StrEnum):
     """What a port is to this check: judged (fabric), or left alone."""
 
     FABRIC = "fabric"
+    # On a RoCE node without a configured port count: a port of the fabric's adapter model
+    # that wants a link and has none (Polling: no cable, or a dead one). A lost fabric link,
+    # or a port left unused (the second port of a dual-port card): warned about, never
+    # repaired, until network.expected.Ethernet.ports or network.devices says which. A
+    # Disabled port is an administrator's choice, not a candidate.
+    CANDIDATE = "fabric candidate"
     FRONT_END = "front-end"
     EXCLUDED = "excluded"
 
@@ -108,12 +117,20 @@ def _roce_roles(
     roles: dict[str, PortRole] = {}
     in_use = [p for p in ports if p.phys_state in (LINK_UP, None) or p.state is None]
     idle = [p for p in ports if p not in in_use]
+    unplugged = [p for p in idle if p.phys_state != DISABLED]
+    if not in_use and not unplugged:
+        return {p.name: PortRole(Role.FRONT_END, "administratively Disabled") for p in ports}
+    model = _majority_model(in_use or unplugged)
     for port in idle:
-        why = "administratively Disabled" if port.phys_state == DISABLED else "no link"
-        roles[port.name] = PortRole(Role.FRONT_END, f"{why}, not configured as fabric")
+        if port.phys_state == DISABLED:
+            roles[port.name] = PortRole(Role.FRONT_END, "administratively Disabled")
+        elif port.ca_type == model and count is None:
+            why = f"{port.phys_state} port of the RoCE fabric's model {model}"
+            roles[port.name] = PortRole(Role.CANDIDATE, why)
+        else:
+            roles[port.name] = PortRole(Role.FRONT_END, "no link, not of the fabric's model")
     if not in_use:
         return roles
-    model = _majority_model(in_use)
     same = [p for p in in_use if p.ca_type == model]
     for port in in_use:
         if port.ca_type != model:
