@@ -11,6 +11,7 @@ from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import evaluate_gpus
 from gpuguard.checks.smi import SmiCheck, parse_smi_text, parse_smi_xml
 from gpuguard.checks.smi_common import measured, number
+from gpuguard.checks.smi_text import read_smi_text
 from gpuguard.checks.smi_xml import read_smi_xml
 from gpuguard.config import Config
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
@@ -484,3 +485,32 @@ def test_numbers_with_units(raw: str, value: float) -> None:
 @pytest.mark.parametrize("raw", ["0x07", "Active", "12 34", "9" * 5000])
 def test_non_numbers(raw: str) -> None:
     assert number(raw) is None
+
+
+def test_a_report_filtered_with_d_is_read_and_says_so() -> None:
+    report = read_smi_text(read("nvidia-smi-q-d-page-retirement_v100x8_535.86.10_healthy.txt"))
+    assert (report.attached_gpus, report.only) == (8, ("Retired Pages",))
+    assert all(g.retired_pages == 0 and g.retired_pages_pending is False for g in report.gpus)
+    assert [f for f in evaluate_gpus(report.gpus, 8, "t") if f.severity > Severity.INFO] == []
+
+
+def test_a_full_retirement_table_in_a_filtered_report() -> None:
+    report = read_smi_text(read("nvidia-smi-q-d-page-retirement_v100x8_535.86.10_table_full.txt"))
+    findings = evaluate_gpus(report.gpus, 8, "t")
+    full = {f.component.id for f in findings if f.code == "RETIRED_PAGES_LIMIT"}
+    assert full == {"0001:00:00.0", "0002:00:00.0", "0006:00:00.0", "0008:00:00.0"}
+    assert all(f.action is Action.REPLACE for f in findings if f.code == "RETIRED_PAGES_LIMIT")
+
+
+def test_a_filtered_report_cut_short_is_refused() -> None:
+    text = read("nvidia-smi-q-d-page-retirement_v100x8_535.86.10_healthy.txt")
+    cut = text[: text.rindex("Double Bit ECC")]
+    with pytest.raises(ParseError, match="differs from the first"):
+        read_smi_text(cut)
+
+
+def test_a_report_cut_before_its_first_entry_is_refused() -> None:
+    text = read(A10_REMAP_PENDING)
+    cut = text[: text.index("Product Name")]
+    with pytest.raises(ParseError, match="ends early"):
+        read_smi_text(cut)

@@ -13,10 +13,10 @@ from typing import ClassVar
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import RULES, evaluate_gpus
 from gpuguard.checks.smi_common import SmiReport
-from gpuguard.checks.smi_text import parse_smi_text
+from gpuguard.checks.smi_text import parse_smi_text, read_smi_text
 from gpuguard.checks.smi_xml import parse_smi_xml, read_smi_xml
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
-from gpuguard.model import NODE, Finding, Layer
+from gpuguard.model import NODE, Action, Finding, Layer, Severity
 from gpuguard.sources import Artifact, ToolOutput
 
 __all__ = ["SmiCheck", "parse_smi_text", "parse_smi_xml"]
@@ -37,18 +37,28 @@ class SmiCheck:
             read = read_smi_xml
         except ToolMissing:
             output = ctx.sources.read(Artifact.NVIDIA_SMI_TEXT, ctx.timeout_s)
-            read = _read_smi_text
+            read = read_smi_text
         report = _parse(output, read)
         findings = evaluate_gpus(report.gpus, ctx.expectations.gpus, SOURCE, ctx.config.deep)
         if len(report.gpus) < report.attached_gpus:
             findings.insert(0, _unlisted_gpus(report))
+        if report.only:
+            findings.insert(0, _filtered(report))
         return findings
 
 
-def _read_smi_text(text: str) -> SmiReport:
-    # The text parser refuses a report that describes fewer GPUs than it announces.
-    gpus = parse_smi_text(text)
-    return SmiReport(len(gpus), gpus)
+def _filtered(report: SmiReport) -> Finding:
+    only = ", ".join(report.only)
+    return Finding(
+        Layer.GPU,
+        "NVIDIA_SMI_REPORT_FILTERED",
+        Severity.INFO,
+        Action.NONE,
+        NODE,
+        SOURCE,
+        f"an nvidia-smi -q -d report: only {only} judged",
+        f"sections={only}",
+    )
 
 
 def _parse(output: ToolOutput, read: Callable[[str], SmiReport]) -> SmiReport:

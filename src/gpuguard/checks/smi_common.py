@@ -50,6 +50,8 @@ class SmiReport:
 
     attached_gpus: int
     gpus: list[GpuFacts]
+    # The sections of a report filtered with ``nvidia-smi -q -d``; () for a whole report.
+    only: tuple[str, ...] = ()
 
 
 def measured(raw: str | None) -> str | None:

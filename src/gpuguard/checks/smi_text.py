@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from gpuguard.checks.gpu_facts import GpuFacts
 from gpuguard.checks.smi_common import (
+    SmiReport,
     active,
     any_true,
     enabled,
@@ -35,6 +36,7 @@ _GPU_HEADER = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.
 # times in values have no space before their colons.
 _SEPARATOR = re.compile(r"\s:(?:\s|$)")
 _LAST_ENTRY = ("Processes",)
+_FIRST_ENTRY = ("Product Name",)  # absent from a report filtered with -d
 # nvidia-smi nests five levels at most; a deeper outline is not its report (and would make
 # every entry's label path long).
 _MAX_DEPTH = 12
@@ -87,6 +89,11 @@ class _GpuSection:
 
 def parse_smi_text(text: str) -> list[GpuFacts]:
     """The GPUs an ``nvidia-smi -q`` report describes; ParseError if incomplete or garbled."""
+    return read_smi_text(text).gpus
+
+
+def read_smi_text(text: str) -> SmiReport:
+    """An ``nvidia-smi -q`` report, or a ``-q -d SECTION`` one (``SmiReport.only``)."""
     lines, lost = split_lost_gpus(text)
     attached: int | None = None
     announced = 0
@@ -107,8 +114,9 @@ def parse_smi_text(text: str) -> list[GpuFacts]:
             attached = integer(value)
         elif indent > 0 and sections:
             sections[-1].add(indent, label, value)
-    _check_complete(announced, attached, sections, len(lost))
-    return [_gpu_facts(section) for section in sections] + lost
+    only = _check_complete(announced, attached, sections, len(lost))
+    gpus = [_gpu_facts(section) for section in sections] + lost
+    return SmiReport(len(gpus), gpus, only)
 
 
 def _entry(content: str) -> tuple[str, str | None]:
@@ -120,7 +128,8 @@ def _entry(content: str) -> tuple[str, str | None]:
 
 def _check_complete(
     announced: int, attached: int | None, sections: list[_GpuSection], lost: int
-) -> None:
+) -> tuple[str, ...]:
+    """Raise ParseError unless the report is whole; the sections of a ``-d`` report."""
     if announced != 1 or attached is None:
         raise ParseError(
             "nvidia-smi -q: expected one readable 'Attached GPUs' line, "
@@ -133,11 +142,30 @@ def _check_complete(
         raise ParseError(
             f"nvidia-smi -q: announces {attached} GPUs but describes {described} (truncated?)"
         )
+    if sections and all(_FIRST_ENTRY not in section.values for section in sections):
+        return _check_filtered(sections)
     for section in sections:
         if _LAST_ENTRY not in section.values:
             raise ParseError(
                 f"nvidia-smi -q: the report on GPU {section.pci_bus_id} ends early (truncated?)"
             )
+    return ()
+
+
+def _check_filtered(sections: list[_GpuSection]) -> tuple[str, ...]:
+    """A ``-q -d`` report prints the same sections for every GPU, and no Product Name; each
+    of its entries is a section with entries under it or a label with a value. Anything
+    else (a GPU with fewer entries than the first, a label cut short) is a cut report."""
+    shape = set(sections[0].values)
+    for section in sections:
+        parents = {path[:-1] for path in section.values}
+        cut = [p for p, v in section.values.items() if v is None and p not in parents]
+        if not section.values or cut or set(section.values) != shape:
+            raise ParseError(
+                f"nvidia-smi -q: the report on GPU {section.pci_bus_id} ends early or differs"
+                " from the first GPU's (truncated?)"
+            )
+    return tuple(dict.fromkeys(path[0] for path in sections[0].values))
 
 
 def _gpu_facts(section: _GpuSection) -> GpuFacts:
