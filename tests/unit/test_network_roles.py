@@ -319,3 +319,16 @@ def test_excluded_devices_are_not_sampled_for_counters(tmp_path: Path) -> None:
     assert network_status(tmp_path, config) == (Status.HEALTHY, [])
     _, findings = network_status(tmp_path, Config())
     assert codes(findings) == {"LINK_FLAPPED": {"mlx5_bond_0/1"}}
+
+
+def test_real_roce_node_with_a_polling_fabric_port_is_not_passed() -> None:
+    # gpud's capture: 8 ConnectX-7 fabric ports (one Polling, one Disabled) + 4 CX-6 Dx.
+    ports = parse_ibstat(read_data("ibstat_h100_roce_one_polling_one_disabled.txt"))
+    (unconfirmed,) = evaluate_ports(ports, 8, 400, "ibstat")
+    assert (unconfirmed.code, unconfirmed.component.id) == ("IB_LINK_DOWN", "mlx5_11/1")
+    assert unconfirmed.action is Action.NONE  # could be an unused port: no repair unasked
+    eight = network(expected={"Ethernet": {"ports": 8}})
+    findings = evaluate_ports(ports, 8, 400, "ibstat", eight)
+    assert codes(findings) == {"IB_LINK_DOWN": {"mlx5_11/1"}, "FABRIC_PORTS_MISSING": {"node"}}
+    down = next(f for f in findings if f.code == "IB_LINK_DOWN")
+    assert (down.severity, down.action) == (Severity.CRITICAL, Action.REBOOT)
