@@ -84,9 +84,26 @@ def test_ibpanic_through_the_check_gives_a_finding_for_the_lost_adapter(tmp_path
     assert {f.source for f in findings} == {"ibstat"}
 
 
-def test_ibstatus_output_is_not_read_as_ibstat() -> None:
-    with pytest.raises(ParseError, match="ibstatus"):
-        parse_ibstat(read_data(IBSTATUS))
+def test_ibstatus_output_is_read_in_its_own_format() -> None:
+    # The A100 node: eight 200G HDR InfiniBand ports and a 40G Ethernet front end.
+    ports = parse_ibstat(read_data(IBSTATUS))
+    assert len(ports) == len({p.device for p in ports}) == 9
+    assert {(p.state, p.phys_state, p.rate_gbps, p.link_layer) for p in ports} == {
+        ("ACTIVE", "LinkUp", 200.0, "InfiniBand"),
+        ("ACTIVE", "LinkUp", 40.0, "Ethernet"),
+    }
+    assert evaluate_ports(ports, 9, 200, "ibstat") == []
+
+
+def test_ibstatus_with_a_port_down_or_cut_short() -> None:
+    text = (
+        read_data(IBSTATUS).replace("4: ACTIVE", "1: DOWN", 1).replace("5: LinkUp", "2: Polling", 1)
+    )
+    findings = evaluate_ports(parse_ibstat(text), None, None, "ibstat")
+    assert codes(findings) == {"IB_LINK_DOWN": {"mlx5_0/1"}}
+    full = read_data(IBSTATUS)
+    with pytest.raises(ParseError, match="missing"):
+        parse_ibstat(full[: full.rindex("link_layer")])
 
 
 @pytest.mark.parametrize(

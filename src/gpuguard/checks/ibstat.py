@@ -18,7 +18,16 @@ judging the ports that were printed.
 
 Anything else (no CA block, a port without its state or rate, fewer ports than the adapter
 announced) raises :class:`ParseError`: a truncated or foreign document is never read as a
-healthy node. ``ibstatus`` output is a different tool's format and is rejected too.
+healthy node.
+
+``ibstatus`` (the same package's other tool) prints one block per port in sysfs's own
+words, and is read too::
+
+    Infiniband device 'mlx5_0' port 1 status:
+    <spaces>state:           4: ACTIVE
+    <spaces>phys state:      5: LinkUp
+    <spaces>rate:            200 Gb/sec (4X HDR)
+    <spaces>link_layer:      InfiniBand
 """
 
 from __future__ import annotations
@@ -27,7 +36,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpuguard.checks.network_sysfs import PortRecord, is_decimal
+from gpuguard.checks.network_sysfs import (
+    PortRecord,
+    is_decimal,
+    parse_sysfs_rate,
+    parse_sysfs_state,
+)
 from gpuguard.errors import ParseError
 
 _CA_HEADER = re.compile(r"CA '([^']+)'")
@@ -35,6 +49,8 @@ _PORT_HEADER = re.compile(r"Port (\d{1,5}):", re.ASCII)
 _KEY_VALUE = re.compile(r"([^:]+):\s*(.*)")
 _RATE = re.compile(r"\d+(?:\.\d+)?", re.ASCII)
 _PANIC_DEVICE = re.compile(r"IB device '([^']+)'")
+_IBSTATUS_HEADER = re.compile(r"Infiniband device '([^']+)' port (\d{1,5}) status:", re.ASCII)
+_IBSTATUS_FIELDS = ("state", "phys state", "rate", "link_layer")
 
 # ibstat spells port states as words; sysfs uses these upper-case names.
 _STATES = {"Down": "DOWN", "Initializing": "INIT", "Armed": "ARMED", "Active": "ACTIVE"}
@@ -68,9 +84,9 @@ class _Block:
 
 
 def parse_ibstat(text: str) -> IbstatPorts:
-    """Port records from ibstat output; raises only :class:`ParseError`."""
+    """Port records from ibstat (or ibstatus) output; raises only :class:`ParseError`."""
     if text.lstrip().startswith("Infiniband device '"):
-        raise ParseError("ibstat: this is ibstatus output, a different format")
+        return parse_ibstatus(text)
     blocks: list[_Block] = []
     panic: IbPanic | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -152,3 +168,36 @@ def _reject_duplicates(blocks: list[_Block]) -> None:
         if block.device in seen:
             raise ParseError(f"ibstat: CA '{block.device}' printed twice")
         seen.add(block.device)
+
+
+def parse_ibstatus(text: str) -> IbstatPorts:
+    """Port records from ``ibstatus`` output; a block missing a field is a ParseError."""
+    blocks: list[tuple[str, int, dict[str, str]]] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not stripped:
+            continue
+        if header := _IBSTATUS_HEADER.fullmatch(stripped):
+            blocks.append((header.group(1), int(header.group(2)), {}))
+        elif (pair := _KEY_VALUE.fullmatch(stripped)) and blocks and raw[0].isspace():
+            blocks[-1][2][pair.group(1).strip()] = pair.group(2).strip()
+        else:
+            raise ParseError(f"ibstatus line {number}: unexpected {stripped[:60]!r}")
+    if len({(device, port) for device, port, _ in blocks}) != len(blocks):
+        raise ParseError("ibstatus: a port printed twice")
+    return IbstatPorts(_ibstatus_record(*block) for block in blocks)
+
+
+def _ibstatus_record(device: str, port: int, fields: dict[str, str]) -> PortRecord:
+    what = f"ibstatus: {device} port {port}"
+    missing = [name for name in _IBSTATUS_FIELDS if not fields.get(name)]
+    if missing:
+        raise ParseError(f"{what}: missing {', '.join(missing)} (truncated?)")
+    return PortRecord(
+        device=device,
+        port=port,
+        state=parse_sysfs_state(fields["state"], f"{what} state"),
+        phys_state=parse_sysfs_state(fields["phys state"], f"{what} phys state"),
+        rate_gbps=parse_sysfs_rate(fields["rate"], f"{what} rate"),
+        link_layer=fields["link_layer"],
+    )
