@@ -392,6 +392,60 @@ def test_health_switch_entities_are_nvswitch_components() -> None:
     assert finding.code == "DCGM_HEALTH_NVSWITCH"
 
 
+C, W = Severity.CRITICAL, Severity.WARNING
+
+# dcgmi health -c names no system for the Xid and NVSwitch watches ("Internal error", from
+# Health.cpp's HelperSystemToString) and files recovery actions under "Driver"; the message
+# (DCGM_FR_XID_ERROR_MSG "Detected XID %u for GPU %u", DCGM_FR_SXID_ERROR_MSG) says which.
+
+
+@pytest.mark.parametrize(
+    ("message", "code", "severity", "action"),
+    [
+        ("GPU 3 has fallen off the bus (triggered by XID 79)", "XID_79", C, Action.REBOOT),
+        ("Detected XID 48 for GPU 3", "XID_48", C, Action.RESET_GPU),
+        ("Detected XID 119 for GPU 3", "XID_119", C, Action.RESET_GPU),
+        ("Detected XID 94 for GPU 3", "XID_94", W, Action.KILL_JOB),
+    ],
+)
+def test_health_xid_incidents_follow_the_xid_catalog(message, code, severity, action) -> None:
+    gpu3 = entity("Failure", **{"Internal error": ("Failure", [message])})
+    (finding,) = parse_health(health("Failure", GPU={"3": gpu3}))
+    assert (finding.code, finding.severity, finding.action) == (code, severity, action)
+    assert finding.component == Component("gpu", "dcgm-gpu-3")
+
+
+def test_health_fatal_nvswitch_error_reboots() -> None:
+    switch = entity(
+        "Failure", **{"Internal error": ("Failure", ["Detected fatal NvSwitch SXID 12028"])}
+    )
+    (finding,) = parse_health(health("Failure", Switch={"0": switch}))
+    assert (finding.code, finding.action) == ("DCGM_HEALTH_NVSWITCH", Action.REBOOT)
+
+
+@pytest.mark.parametrize(
+    ("name", "word", "action", "deferred"),
+    [
+        ("NODE_REBOOT", "Failure", Action.REBOOT, False),
+        ("GPU_RESET", "Failure", Action.RESET_GPU, False),
+        ("DRAIN_AND_RESET", "Failure", Action.RESET_GPU, True),
+        ("DRAIN_P2P", "Warning", Action.RESET_GPU, False),  # NVIDIA: end the P2P processes
+    ],
+)
+def test_health_recovery_actions_are_the_drivers_verdict(name, word, action, deferred) -> None:
+    message = f"GPU 0 needs attention. Recovery action: 2 ({name})."
+    gpu0 = entity(word, Driver=(word, [message]))
+    (finding,) = parse_health(health(word, GPU={"0": gpu0}))
+    assert (finding.code, finding.severity) == ("DCGM_HEALTH_RECOVERY_ACTION", C)
+    assert (finding.action, finding.deferred) == (action, deferred)
+
+
+def test_health_imex_trouble_is_not_a_gpu_repair() -> None:
+    none0 = entity("Failure", **{"NVLINK system": ("Failure", ["IMEX domain status is DEGRADED"])})
+    (finding,) = parse_health(health("Failure", **{"None": {"0": none0}}))
+    assert (finding.code, finding.severity, finding.action) == ("DCGM_HEALTH_IMEX", W, Action.NONE)
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -116,8 +116,16 @@ def _dcgm_health() -> Iterator[Finding]:
     labels = ["PCIe system", "NVLINK system", "Memory system", "SM system", "NvSwitch Fatal",
               "InfoROM system", "Thermal system", "Power system", "Driver", "PMU system",
               "MCU system", "ConnectX system", "Something new"]  # fmt: skip
+    # The watches DCGM files under no named system, or under "Driver", by their messages.
+    messages = ["Detected XID 79 for GPU 0", "Detected fatal NvSwitch SXID 12028",
+                "IMEX domain status is DEGRADED",
+                *(f"Recovery action: 1 ({name})." for name in
+                  ("GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET", "UNHEARD_OF"))]  # fmt: skip
     for word in ("Warning", "Failure", "Sideways"):
         errors = {label: {"value": word, "overflow": ["a message"]} for label in labels}
+        errors |= {
+            f"Internal error {i}": {"value": word, "overflow": [m]} for i, m in enumerate(messages)
+        }
         entity = {"value": word, "children": {"Errors": {"children": errors}}}
         body = {"Overall Health": {"value": word}, "GPU": {"children": {"0": entity}}}
         yield from dcgm_health.parse_health(json.dumps({"body": body}))

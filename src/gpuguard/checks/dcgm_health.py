@@ -34,11 +34,18 @@ anything else      DCGM_HEALTH_OTHER       NONE         NONE
 
 A warning never repairs anything on its own: DCGM warns on rates and thresholds (PCIe
 replays, pending retirements) that call for watching, not for a reset.
+
+Some watches have no system label of their own (DcgmHealthWatch.cpp, dcgmi Health.cpp):
+devastating Xids and NVSwitch errors print as "Internal error", the driver's recovery
+action as "Driver", an IMEX problem as "NVLINK system" on no GPU. Their message says what
+they are, and is read first: an Xid follows the Xid catalog, a recovery action the
+driver's verdict, an NVSwitch error the NVSwitch rule, IMEX is a warning (software).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from gpuguard.checks.dcgm_common import (
     JsonObject,
@@ -48,6 +55,7 @@ from gpuguard.checks.dcgm_common import (
     expect_str,
     load_dcgmi_json,
 )
+from gpuguard.checks.xid_catalog import recovery_rule, xid_finding
 from gpuguard.model import NODE, Action, Component, Finding, Layer, Severity
 
 SOURCE = "dcgmi health"
@@ -77,6 +85,17 @@ SYSTEM_RULES: dict[str, SystemRule] = {
     "connectx": SystemRule("DCGM_HEALTH_CONNECTX", Action.NONE, "network adapter: for a human"),
 }
 OTHER_RULE = SystemRule("DCGM_HEALTH_OTHER", Action.NONE, "system not known to gpuguard")
+# DCGM's messages for the watches it files under no named system (DCGM_FR_*_MSG):
+# "Detected XID %u for GPU %u", "... (triggered by XID 79 ...)", "Detected fatal NvSwitch
+# SXID %u", "... Recovery action: 2 (NODE_REBOOT).", "IMEX domain status is ...".
+_XID = re.compile(r"\bXID (?P<xid>\d+)", re.IGNORECASE)
+_SWITCH = re.compile(r"NvSwitch|\bSXID\b", re.IGNORECASE)
+_RECOVERY = re.compile(r"Recovery action: \d+ \((?P<name>[A-Za-z0-9_ ]+)\)")
+_IMEX = re.compile(r"\bIMEX\b", re.IGNORECASE)
+RECOVERY_CODE = "DCGM_HEALTH_RECOVERY_ACTION"
+IMEX_CODE = "DCGM_HEALTH_IMEX"
+# As for dcgmi diag's DCGM_FR_IMEX_UNHEALTHY (dcgm_diag.VERDICTS[122]).
+IMEX_WHY = "IMEX is a software daemon, not the GPU: for a human, no GPU repair"
 
 # Health words, case-folded; None means healthy.
 _SEVERITY_OF_WORD: dict[str, Severity | None] = {
@@ -95,16 +114,17 @@ def parse_health(text: str) -> list[Finding]:
     body = expect_object(document.get("body"), f"{SOURCE}: body")
     overall = _word(body.get(OVERALL), f"{SOURCE}: {OVERALL}")
     findings: list[Finding] = []
+    said: list[Severity] = []  # the severities DCGM's own words gave, before our rules
     for group, node in body.items():
         if group != OVERALL:
-            findings += _group_findings(group, expect_object(node, f"{SOURCE}: {group}"))
+            findings += _group_findings(group, expect_object(node, f"{SOURCE}: {group}"), said)
     folded = overall.casefold()
     if folded not in _SEVERITY_OF_WORD:
         if not findings:  # entities' own verdicts, when given, say more
             findings.append(_unknown_state(NODE, "overall health", overall))
         return findings
     severity = _SEVERITY_OF_WORD[folded]
-    worst = max((f.severity for f in findings), default=None)
+    worst = max([f.severity for f in findings] + said, default=None)
     if severity is not None and (worst is None or severity > worst):
         # DCGM's overall verdict is worse than any entity it names: keep the worse one.
         message = f"DCGM overall health is {overall}, worse than any entity it names"
@@ -112,14 +132,14 @@ def parse_health(text: str) -> list[Finding]:
     return findings
 
 
-def _group_findings(group: str, node: JsonObject) -> list[Finding]:
+def _group_findings(group: str, node: JsonObject, said: list[Severity]) -> list[Finding]:
     entities = expect_object(node.get("children"), f"{SOURCE}: {group}.children")
     findings: list[Finding] = []
     for entity_id, entity_node in entities.items():
         where = f"{SOURCE}: {group} {entity_id}"
         entity = expect_object(entity_node, where)
         component = dcgm_entity(group, entity_id)
-        own = _system_findings(component, entity, where)
+        own = _system_findings(component, entity, where, said)
         word = _word(entity, where)
         if not own and word.casefold() not in _SEVERITY_OF_WORD:
             own.append(_unknown_state(component, f"{group} {entity_id}", word))
@@ -130,7 +150,9 @@ def _group_findings(group: str, node: JsonObject) -> list[Finding]:
     return findings
 
 
-def _system_findings(component: Component, entity: JsonObject, where: str) -> list[Finding]:
+def _system_findings(
+    component: Component, entity: JsonObject, where: str, said: list[Severity]
+) -> list[Finding]:
     children = entity.get("children")
     if children is None:
         return []
@@ -148,15 +170,37 @@ def _system_findings(component: Component, entity: JsonObject, where: str) -> li
             findings.append(_unknown_state(component, label, word, message))
             continue
         severity = _SEVERITY_OF_WORD[folded]
-        if severity is None:
-            continue
-        rule = _rule_for(label)
-        action = rule.on_failure if severity is Severity.CRITICAL else Action.NONE
-        text = f"DCGM {label} of {component}: {word}: {message or 'no message'}"
-        if severity is Severity.CRITICAL:
-            text += f" ({rule.why})"
-        findings.append(_finding(rule.code, severity, action, component, text, message))
+        if severity is not None:
+            said.append(severity)
+            findings.append(_incident(label, word, severity, component, message))
     return findings
+
+
+def _incident(
+    label: str, word: str, severity: Severity, component: Component, message: str
+) -> Finding:
+    """One watch's incident. DCGM names the system only for some watches: an Xid or an
+    NVSwitch error comes as "Internal error", the driver's recovery action as "Driver"
+    (DcgmHealthWatch.cpp), so the message says what it is about."""
+    if (recovery := _RECOVERY.search(message)) and (known := recovery_rule(recovery["name"])):
+        text = f"DCGM reports {component}'s recovery action {recovery['name']}: {message}"
+        return replace(
+            _finding(RECOVERY_CODE, known.severity, known.action, component, text, message),
+            deferred=known.deferred,
+        )
+    if xid := _XID.search(message):
+        return xid_finding(int(xid["xid"]), component, SOURCE, message, message)
+    if _IMEX.search(message):
+        text = f"DCGM {label} of {component}: {word}: {message} ({IMEX_WHY})"
+        return _finding(IMEX_CODE, Severity.WARNING, Action.NONE, component, text, message)
+    rule = _rule_for(label)
+    if rule is OTHER_RULE and (component.kind == "nvswitch" or _SWITCH.search(message)):
+        rule = SYSTEM_RULES["nvswitch"]
+    action = rule.on_failure if severity is Severity.CRITICAL else Action.NONE
+    text = f"DCGM {label} of {component}: {word}: {message or 'no message'}"
+    if severity is Severity.CRITICAL:
+        text += f" ({rule.why})"
+    return _finding(rule.code, severity, action, component, text, message)
 
 
 def _rule_for(label: str) -> SystemRule:

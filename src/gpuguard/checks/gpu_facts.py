@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpuguard.checks.load.figures import builtin_table, expected_for
-from gpuguard.checks.xid_catalog import DEFERRED_RECOVERY, RECOVERY_ACTIONS
+from gpuguard.checks.xid_catalog import recovery_rule
 from gpuguard.config import DeepChecks
 from gpuguard.model import (
     NODE,
@@ -408,23 +408,24 @@ def _recovery_rule(facts: GpuFacts) -> Iterator[_Verdict]:
 
 
 def _recovery_verdict(text: str) -> _Verdict | None:
-    key = text.strip().lower().replace("_", " ")
-    if key == "none":
+    if text.strip().lower() == "none":
         return None
     evidence = f"recovery_action={text}"
-    # nvidia-smi prints "GPU Reset" where the driver log says "GPU Reset Required".
-    known = RECOVERY_ACTIONS.get(key) or RECOVERY_ACTIONS.get(f"{key} required")
+    known = recovery_rule(text)
     if known is None:
         # An action this version does not know: fail the GPU, but do not guess a repair.
         message = f"the driver asks for an unknown recovery action '{text}'"
         return _verdict("RECOVERY_ACTION_REQUIRED", message, evidence, action=Action.NONE)
-    severity, action = known
     message = f"the driver's recovery action is '{text}'"
     # The driver's "Drain and Reset" (R570+) says what DEFERRED says, in its own words; its
     # "Drain P2P" asks for the processes doing peer-to-peer traffic to end now.
-    deferred = key == DEFERRED_RECOVERY
     return _verdict(
-        "RECOVERY_ACTION_REQUIRED", message, evidence, severity, action, deferred=deferred
+        "RECOVERY_ACTION_REQUIRED",
+        message,
+        evidence,
+        known.severity,
+        known.action,
+        deferred=known.deferred,
     )
 
 

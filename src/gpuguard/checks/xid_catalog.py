@@ -164,9 +164,9 @@ def judge_line(xid: int, text: str) -> tuple[Severity, Action, str]:
     rule = rule_for(xid)
     if xid == 154:
         recovery = recovery_action(text)
-        verdict = RECOVERY_ACTIONS.get(recovery.lower()) if recovery else None
+        verdict = recovery_rule(recovery) if recovery else None
         if verdict:
-            return (*verdict, f"driver recovery action is now '{recovery}'")
+            return verdict.severity, verdict.action, f"driver recovery action is now '{recovery}'"
         return rule.severity, rule.action, rule.why
     if xid in NVLINK5_XIDS:
         word = _NVLINK5_SEVERITY.search(text)
@@ -183,13 +183,29 @@ def recovery_action(text: str) -> str | None:
     return match["to"].strip() if match else None
 
 
+@dataclass(frozen=True)
+class RecoveryRule:
+    severity: Severity
+    action: Action
+    deferred: bool  # NVIDIA's "drain and reset": the repair waits for running work
+
+
+def recovery_rule(name: str) -> RecoveryRule | None:
+    """What a driver recovery action asks for, in any spelling the tools use: the kernel
+    log's "Drain and Reset", nvidia-smi's "GPU Reset", NVML's and DCGM's "NODE_REBOOT".
+    None for an action this table does not know."""
+    key = name.strip().lower().replace("_", " ")
+    known = RECOVERY_ACTIONS.get(key) or RECOVERY_ACTIONS.get(f"{key} required")
+    return None if known is None else RecoveryRule(*known, deferred=key == DEFERRED_RECOVERY)
+
+
 def xid_finding(
     xid: int, component: Component, source: str, evidence: str, text: str = ""
 ) -> Finding:
     """The finding for one Xid on one GPU; ``text`` is the driver's message after the code."""
     rule = rule_for(xid)
     severity, action, why = judge_line(xid, text or evidence)
-    deferred = xid == 154 and (recovery_action(text or evidence) or "").lower() == DEFERRED_RECOVERY
+    recovery = recovery_rule(recovery_action(text or evidence) or "") if xid == 154 else None
     return Finding(
         layer=Layer.GPU,
         code=f"XID_{xid}",
@@ -199,5 +215,5 @@ def xid_finding(
         source=source,
         message=f"Xid {xid} ({rule.description}) on {component.id}: {why}",
         evidence=evidence,
-        deferred=deferred,
+        deferred=recovery is not None and recovery.deferred,
     )
