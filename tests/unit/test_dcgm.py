@@ -447,6 +447,22 @@ def test_health_imex_trouble_is_not_a_gpu_repair() -> None:
 
 
 @pytest.mark.parametrize(
+    "message",
+    [
+        "GPU 0: Fabric State is In Progress (2).",
+        "Detected 16 Fabric Health: Incorrect Configuration for GPU 0 Incorrect Configuration",
+    ],
+)
+def test_health_fabric_state_is_fabric_managers_not_a_gpu_reset(message) -> None:
+    gpu0 = entity("Failure", **{"NVLINK system": ("Failure", [message])})
+    (finding,) = parse_health(health("Failure", GPU={"0": gpu0}))
+    assert (finding.code, finding.action) == ("DCGM_HEALTH_FABRIC", Action.NONE)
+    down = entity("Failure", **{"NVLINK system": ("Failure", ["GPU 0's NvLink link 3 is down"])})
+    (finding,) = parse_health(health("Failure", GPU={"0": down}))
+    assert (finding.code, finding.action) == ("DCGM_HEALTH_NVLINK", Action.RESET_GPU)
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "Error: Health watches not enabled. Please enable watches. \n",

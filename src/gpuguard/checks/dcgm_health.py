@@ -91,11 +91,22 @@ OTHER_RULE = SystemRule("DCGM_HEALTH_OTHER", Action.NONE, "system not known to g
 _XID = re.compile(r"\bXID (?P<xid>\d+)", re.IGNORECASE)
 _SWITCH = re.compile(r"NvSwitch|\bSXID\b", re.IGNORECASE)
 _RECOVERY = re.compile(r"Recovery action: \d+ \((?P<name>[A-Za-z0-9_ ]+)\)")
-_IMEX = re.compile(r"\bIMEX\b", re.IGNORECASE)
 RECOVERY_CODE = "DCGM_HEALTH_RECOVERY_ACTION"
-IMEX_CODE = "DCGM_HEALTH_IMEX"
-# As for dcgmi diag's DCGM_FR_IMEX_UNHEALTHY (dcgm_diag.VERDICTS[122]).
-IMEX_WHY = "IMEX is a software daemon, not the GPU: for a human, no GPU repair"
+# NVLINK incidents about the software around the links, not the GPU: as dcgmi diag's
+# DCGM_FR_IMEX_UNHEALTHY, and DCGM's own table for the fabric (DCGM_FR_FABRIC_PROBE_STATE
+# MONITOR, DCGM_FR_FABRIC_MANAGER_TRAINING_ERROR CONFIG). No GPU repair changes them.
+_SOFTWARE = (
+    (
+        re.compile(r"\bIMEX\b", re.IGNORECASE),
+        "DCGM_HEALTH_IMEX",
+        "IMEX is a software daemon, not the GPU: for a human, no GPU repair",
+    ),
+    (
+        re.compile(r"\bFabric (?:State|Health|Manager)\b", re.IGNORECASE),
+        "DCGM_HEALTH_FABRIC",
+        "the NVLink fabric is not ready or not configured (Fabric Manager): not the GPU",
+    ),
+)
 
 # Health words, case-folded; None means healthy.
 _SEVERITY_OF_WORD: dict[str, Severity | None] = {
@@ -190,9 +201,10 @@ def _incident(
         )
     if xid := _XID.search(message):
         return xid_finding(int(xid["xid"]), component, SOURCE, message, message)
-    if _IMEX.search(message):
-        text = f"DCGM {label} of {component}: {word}: {message} ({IMEX_WHY})"
-        return _finding(IMEX_CODE, Severity.WARNING, Action.NONE, component, text, message)
+    for pattern, code, why in _SOFTWARE:
+        if pattern.search(message):
+            text = f"DCGM {label} of {component}: {word}: {message} ({why})"
+            return _finding(code, Severity.WARNING, Action.NONE, component, text, message)
     rule = _rule_for(label)
     if rule is OTHER_RULE and (component.kind == "nvswitch" or _SWITCH.search(message)):
         rule = SYSTEM_RULES["nvswitch"]
