@@ -440,6 +440,19 @@ def test_health_recovery_actions_are_the_drivers_verdict(name, word, action, def
     assert (finding.action, finding.deferred) == (action, deferred)
 
 
+@pytest.mark.parametrize(
+    "message", ["A pending retired page has been detected in GPU 0.", "Row remapping is pending"]
+)
+def test_health_pending_retirement_is_a_deferred_reset(message) -> None:
+    gpu0 = entity("Warning", **{"Memory system": ("Warning", [message])})
+    (finding,) = parse_health(health("Warning", GPU={"0": gpu0}))
+    assert (finding.code, finding.action, finding.deferred) == (
+        "DCGM_HEALTH_MEMORY_PENDING",
+        Action.RESET_GPU,
+        True,
+    )
+
+
 def test_health_imex_trouble_is_not_a_gpu_repair() -> None:
     none0 = entity("Failure", **{"NVLINK system": ("Failure", ["IMEX domain status is DEGRADED"])})
     (finding,) = parse_health(health("Failure", **{"None": {"0": none0}}))

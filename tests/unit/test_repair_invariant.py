@@ -119,6 +119,7 @@ def _dcgm_health() -> Iterator[Finding]:
     # The watches DCGM files under no named system, or under "Driver", by their messages.
     messages = ["Detected XID 79 for GPU 0", "Detected fatal NvSwitch SXID 12028",
                 "IMEX domain status is DEGRADED", "GPU 0: Fabric State is In Progress (2).",
+                "A pending retired page has been detected in GPU 0.",
                 *(f"Recovery action: 1 ({name})." for name in
                   ("GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET", "UNHEARD_OF"))]  # fmt: skip
     for word in ("Warning", "Failure", "Sideways"):

@@ -92,6 +92,13 @@ _XID = re.compile(r"\bXID (?P<xid>\d+)", re.IGNORECASE)
 _SWITCH = re.compile(r"NvSwitch|\bSXID\b", re.IGNORECASE)
 _RECOVERY = re.compile(r"Recovery action: \d+ \((?P<name>[A-Za-z0-9_ ]+)\)")
 RECOVERY_CODE = "DCGM_HEALTH_RECOVERY_ACTION"
+# DCGM_FR_PENDING_PAGE_RETIREMENTS / DCGM_FR_PENDING_ROW_REMAP ("A pending retired page has
+# been detected in GPU %u", "... row remapping ... pending").
+_PENDING = re.compile(
+    r"pending (?:retired page|page retirement|row remap)|row remap\w* (?:is |are )?pending",
+    re.IGNORECASE,
+)
+PENDING_CODE = "DCGM_HEALTH_MEMORY_PENDING"
 # NVLINK incidents about the software around the links, not the GPU: as dcgmi diag's
 # DCGM_FR_IMEX_UNHEALTHY, and DCGM's own table for the fabric (DCGM_FR_FABRIC_PROBE_STATE
 # MONITOR, DCGM_FR_FABRIC_MANAGER_TRAINING_ERROR CONFIG). No GPU repair changes them.
@@ -201,6 +208,14 @@ def _incident(
         )
     if xid := _XID.search(message):
         return xid_finding(int(xid["xid"]), component, SOURCE, message, message)
+    if _PENDING.search(message):
+        # DCGM's table: a pending retirement or remap is severity RESET; NVIDIA's drain and
+        # reset (the spare takes over at the next reset; running work may finish).
+        text = f"DCGM {label} of {component}: {word}: {message} (drain, then reset the GPU)"
+        return replace(
+            _finding(PENDING_CODE, Severity.WARNING, Action.RESET_GPU, component, text, message),
+            deferred=True,
+        )
     for pattern, code, why in _SOFTWARE:
         if pattern.search(message):
             text = f"DCGM {label} of {component}: {word}: {message} ({why})"
