@@ -173,7 +173,8 @@ def warning(error_id: int, severity: int | None = None) -> dict[str, Any]:
         (85, "DCGM_DIAG_HARDWARE", Severity.CRITICAL, Action.RESET_GPU),  # PENDING_ROW_REMAP
         (52, "DCGM_DIAG_HARDWARE", Severity.CRITICAL, Action.RESET_GPU),  # FAULTY_MEMORY
         (14, "DCGM_DIAG_TRIAGE", Severity.WARNING, Action.NONE),  # NVLINK_DOWN, TRIAGE
-        (10, "DCGM_DIAG_MONITOR", Severity.INFO, Action.NONE),  # CLOCKS_EVENT_THERMAL
+        # CLOCKS_EVENT_THERMAL is MONITOR, but the test failed: flagged, not repaired.
+        (10, "DCGM_DIAG_MONITOR", Severity.WARNING, Action.NONE),
         (120, "DCGM_DIAG_HARDWARE", Severity.CRITICAL, Action.REBOOT),  # FALLEN_OFF_BUS
         (126, "DCGM_DIAG_HARDWARE", Severity.CRITICAL, Action.REBOOT),  # RECOVERY_REBOOT
         (122, "DCGM_DIAG_TRIAGE", Severity.WARNING, Action.NONE),  # IMEX_UNHEALTHY

@@ -28,14 +28,15 @@ ISOLATE   DCGM_DIAG_HARDWARE  critical  RESET_GPU  cannot run work; one run does
                                                    replacing a part, so reset first
 TRIAGE    DCGM_DIAG_TRIAGE    warning   NONE       a human looks
 CONFIG    DCGM_DIAG_CONFIG    warning   NONE       node misconfigured, not a broken part
-MONITOR   DCGM_DIAG_MONITOR   info      NONE       can run work
+MONITOR   DCGM_DIAG_MONITOR   info      NONE       can run work (warning on a Fail result)
 other     DCGM_DIAG_FAIL      critical  NONE       failed, cause unclassified: drain for a human
 ========  ==================  ========  =========  =========================================
 
-Overrides by error id are in :data:`ERROR_OVERRIDES`. A ``Warn`` result caps the severity at
-warning, and a repair it still asks for (RESET_GPU and up) is deferred: it waits for the
-GPU's running work to end (``Finding.deferred``); warnings on a ``Pass`` result are info;
-skipped tests are one info finding per test.
+Overrides by error id are in :data:`ERROR_OVERRIDES`. A ``Fail`` result is at least a
+warning (MONITOR included: a failed test never reads as healthy). A ``Warn`` result caps
+the severity at warning, and a repair it still asks for (RESET_GPU and up) is deferred: it
+waits for the GPU's running work to end (``Finding.deferred``); warnings on a ``Pass``
+result are info; skipped tests are one info finding per test.
 """
 
 from __future__ import annotations
@@ -339,6 +340,11 @@ def _verdict(warning: DiagWarning, status: str) -> Verdict:
         capped = f"{verdict.why} (the test only warned)"
         deferred = verdict.action >= Action.RESET_GPU
         return Verdict(verdict.code, Severity.WARNING, verdict.action, capped, deferred)
+    if status == "fail" and verdict.severity < Severity.WARNING:
+        # A failed test never reads as healthy, even when DCGM says its error only wants
+        # watching (MONITOR): flagged, nothing repaired.
+        floor = f"{verdict.why}, but the test failed"
+        return Verdict(verdict.code, Severity.WARNING, verdict.action, floor, verdict.deferred)
     return verdict
 
 
