@@ -257,3 +257,33 @@ def test_an_sxid_whose_fatal_line_was_lost_is_fatal_by_its_severity_line():
     assert (finding.severity, finding.action) == (Severity.CRITICAL, Action.REBOOT)
     (finding,) = classify_log(line.replace("Severity 1", "Severity 0"))
     assert finding.severity is Severity.WARNING
+
+
+# Lines a log shipper may strip of their "NVRM: " prefix must still be found; the driver's
+# other messages are found by the "NVRM" it writes into every one of them.
+SURVIVE_STRIPPING = ("Xid (", "fallen off the bus")
+
+
+def survives_stripping(row: dict[str, str]) -> bool:
+    return any(words in row["format"] for words in SURVIVE_STRIPPING)
+
+
+@pytest.mark.parametrize(
+    "row", [r for r in ROWS if survives_stripping(r)], ids=lambda r: r["message"]
+)
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_xid_sxid_and_fallen_off_the_bus_survive_a_stripped_prefix(row, data):
+    message = data.draw(printed(row))
+    stripped = "\n".join(line.replace("NVRM: ", "") for line in message.lines)
+    assert row["code"] in {f.code for f in classify_log(stripped)}
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row["message"] for row in ROWS])
+def test_every_other_driver_message_carries_the_nvrm_marker(row):
+    if row["printed_by"] == "linux" or survives_stripping(row):
+        return
+    printed_form = PREFIXES[row["printed_by"]] + row["format"]
+    assert all("NVRM" in line for line in printed_form.split("\\n") if line), (
+        f"{row['message']}: a line without NVRM would need a marker of its own"
+    )

@@ -127,8 +127,8 @@ _MCA_UNCORRECTED = 1 << 61  # IA32_MCi_STATUS.UC (Intel SDM vol. 3B, 16.3.2.2)
 # "Machine Check Exception": the CPU raised #MC, which it does only for an error it could
 # not correct (corrected ones are only polled or signalled by CMCI).
 _FATAL_WORDS = re.compile(
-    r"Machine Check Exception|Processor context corrupt|[Ff]atal machine check"
-    r"|Uncorrected hardware memory error|EDAC \S+: (?:\d+ )?UE |EDAC \S+: Uncorrected"
+    r"Machine Check Exception|Processor context corrupt"
+    r"|EDAC \S+: (?:\d+ )?UE |EDAC \S+: Uncorrected"
 )
 
 

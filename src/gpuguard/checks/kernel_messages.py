@@ -6,8 +6,9 @@ branches 515 to 590; each string, its file and the finding it yields are listed 
 deliberately loose about what varies between branches and collectors: a PCI address
 comes with or without the domain (4 or 8 digits) and with or without the function, the
 ``PCI:`` tag and the ``NVRM:`` prefix may be missing, and any timestamp or host prefix may
-stand in front. A message the driver uses for a fatal fault must never slip through
-because of its spelling.
+stand in front (for Xid, SXid and fallen-off-the-bus lines; the driver's other messages
+are found by their "NVRM:"). A message the driver uses for a fatal fault must never slip
+through because of its spelling.
 """
 
 from __future__ import annotations
@@ -39,33 +40,48 @@ _CAUSED_BY = re.compile(r"caused by previous Xid (?P<code>\d+)")
 # the line that says so may not (nv.c: "NVRM: The NVIDIA GPU %04x:%02x:%02x.%x\n
 # NVRM: (PCI ID: %04x:%04x) installed in this system has\nNVRM: fallen off the bus ...").
 _GPU_NAMED = re.compile(rf"The NVIDIA GPU (?:at )?(?:PCI:)?(?P<bdf>{PCI_ADDRESS})")
-# Driver messages other than Xids, by the words that identify them (kernel_incidents maps
+# Words every kernel-level fault line holds (see _KERNEL for the forms); kernel_log's
+# prefilter keeps the lines that have one.
+KERNEL_PHRASES = (
+    "BUG",  # "BUG: soft lockup", "kernel BUG at", "BUG: kernel NULL pointer dereference"
+    "blocked for more than",
+    "Oops",
+    "Kernel panic",
+    " [#",  # an x86 die header: "general protection fault: 0000 [#1] SMP PTI"
+    "Hardware Error",
+    "achine check",  # "Machine check events logged", "Machine check: Processor context ..."
+    "EDAC ",
+)
+# Driver messages other than Xids, by the phrases that identify them (kernel_incidents maps
 # each kind to its finding; data/kernel_messages.csv lists the format strings). The first
-# that matches wins.
-DRIVER_MESSAGES: tuple[tuple[str, re.Pattern[str]], ...] = (
+# kind with a phrase in the line wins.
+DRIVER_PHRASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # osinit.c osHandleGpuLost, osapi.c rm_is_supported_device; "GPU lost from the bus" is
     # NV_ERR_GPU_IS_LOST's text inside an assertion line.
-    ("fallen_off_bus", re.compile(r"fallen off the bus|lost from the bus")),
+    ("fallen_off_bus", ("fallen off the bus", "lost from the bus")),
     (
         "gpu_init_failed",
-        re.compile(
-            r"RmInitAdapter failed|rm_init_adapter failed|Cannot initialize GSP firmware RM"
-            r"|unexpected WPR2 already up|No interrupts of any type are available"
+        (
+            "RmInitAdapter failed",
+            "rm_init_adapter failed",
+            "Cannot initialize GSP firmware RM",
+            "unexpected WPR2 already up",
+            "No interrupts of any type are available",
         ),
     ),
-    ("gpu_power_cables", re.compile(r"does not have the necessary power cables connected")),
+    ("gpu_power_cables", ("does not have the necessary power cables connected",)),
     # kernel_nvlink_gh100.c / kernel_nvlink.c: link discovery between two GPUs failed, so
     # their NVLinks do not come up (NV_PRINTF names the function, not the GPU).
     (
         "nvlink_training_failed",
-        re.compile(r"postRxDetLinkMask failed|Failed to update Rx Detect Link mask"),
+        ("postRxDetLinkMask failed", "Failed to update Rx Detect Link mask"),
     ),
-    (
-        "gsp_rpc_errors",
-        re.compile(r"Rate limiting GSP RPC error prints|Back to back GSP RPC timeout"),
-    ),
-    ("gpu_unsupported", re.compile(r"installed in this system is not supported by")),
-    ("driver_mismatch", re.compile(r"API mismatch")),
+    ("gsp_rpc_errors", ("Rate limiting GSP RPC error prints", "Back to back GSP RPC timeout")),
+    ("gpu_unsupported", ("installed in this system is not supported by",)),
+    ("driver_mismatch", ("API mismatch",)),
+)
+DRIVER_MESSAGES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile("|".join(map(re.escape, phrases)))) for kind, phrases in DRIVER_PHRASES
 )
 # EFA's driver logs as "efa <pci>:" or through the RDMA core as "infiniband <ibdev>:".
 _EFA = re.compile(
