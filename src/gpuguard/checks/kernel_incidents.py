@@ -121,7 +121,7 @@ _DRIVER_MESSAGES = {
 # message that says what happened to it (other CPUs' lines can come between).
 _NAMED_WITHIN = 3
 # Machine-check severity words: CPER/GHES, the x86 MCE handler's own, EDAC's CE/UE.
-_CPER_SEVERITY = re.compile(r"event severity: (?P<word>\w+)")
+_CPER_SEVERITY = re.compile(r"(?P<seq>\{\d+\})?\[Hardware Error\]: event severity: (?P<word>\w+)")
 _MCA_STATUS = re.compile(r"Bank \d+: (?P<status>[0-9a-fA-F]{16})\b")
 _MCA_UNCORRECTED = 1 << 61  # IA32_MCi_STATUS.UC (Intel SDM vol. 3B, 16.3.2.2)
 # "Machine Check Exception": the CPU raised #MC, which it does only for an error it could
@@ -342,7 +342,7 @@ def _kernel_findings(events: list[KernelEvent], source: str) -> list[Finding]:
     for event in events:
         rule = next((r for kind, r in KERNEL_RULES.items() if event.text.startswith(kind)), None)
         if rule is None:
-            rule = MACHINE_CHECK_FATAL if machine_check_is_fatal(event.text) else MACHINE_CHECK
+            rule = MACHINE_CHECK_FATAL if machine_check_is_fatal(event.line) else MACHINE_CHECK
         layer, code, severity, action = rule
         if code not in findings:
             findings[code] = Finding(
@@ -363,7 +363,10 @@ def machine_check_is_fatal(text: str) -> bool:
     if _FATAL_WORDS.search(text) is not None:
         return True
     if (m := _CPER_SEVERITY.search(text)) is not None:
-        return m["word"].lower() in ("fatal", "recoverable")
+        # A record of this boot comes through GHES, numbered "{N}[Hardware Error]: ...";
+        # BERT prints the firmware's records of the previous boot without the number: the
+        # reboot that followed that error already happened.
+        return m["seq"] is not None and m["word"].lower() in ("fatal", "recoverable")
     status = _MCA_STATUS.search(text)
     return status is not None and bool(int(status["status"], 16) & _MCA_UNCORRECTED)
 
