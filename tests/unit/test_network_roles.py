@@ -143,12 +143,19 @@ def test_roce_without_expected_rate_compares_fabric_peers_only(tmp_path: Path) -
 
 
 def test_roce_front_end_of_the_same_model_at_lower_rate(tmp_path: Path) -> None:
-    # 8 x 400G ConnectX-7 plus a 2 x 100G ConnectX-7 front end: under half the fabric rate.
+    # 8 x 400G ConnectX-7 plus a 2 x 100G ConnectX-7 front end: under half the fabric rate,
+    # as a fabric link that fell from 4 lanes to 1 would be. Warned, never repaired...
     root = roce_tree(tmp_path, front_end_model=CX7, front_end_gbps=100)
-    assert evaluate_ports(read_infiniband_sysfs(root), None, 400, "sysfs") == []
-    set_port(root, "mlx5_2/1", gbps=200)
     findings = evaluate_ports(read_infiniband_sysfs(root), None, 400, "sysfs")
+    assert codes(findings) == {"LINK_RATE_DEGRADED": {"mlx5_8/1", "mlx5_9/1"}}
+    assert {(f.severity, f.action) for f in findings} == {(Severity.WARNING, Action.NONE)}
+    # ... until the port count says which ports are the fabric.
+    eight = network(expected={"Ethernet": {"ports": 8}})
+    assert evaluate_ports(read_infiniband_sysfs(root), None, 400, "sysfs", eight) == []
+    set_port(root, "mlx5_2/1", gbps=200)
+    findings = evaluate_ports(read_infiniband_sysfs(root), None, 400, "sysfs", eight)
     assert codes(findings) == {"LINK_RATE_DEGRADED": {"mlx5_2/1"}}
+    assert findings[0].action is Action.REBOOT
 
 
 def test_roce_same_model_front_end_at_half_rate_needs_the_port_count(tmp_path: Path) -> None:
@@ -319,6 +326,29 @@ def test_excluded_devices_are_not_sampled_for_counters(tmp_path: Path) -> None:
     assert network_status(tmp_path, config) == (Status.HEALTHY, [])
     _, findings = network_status(tmp_path, Config())
     assert codes(findings) == {"LINK_FLAPPED": {"mlx5_bond_0/1"}}
+
+
+def test_roce_link_layer_unreadable_decides_nothing_and_is_judged(tmp_path: Path) -> None:
+    root = roce_tree(tmp_path)
+    for index in range(7):
+        set_port(root, f"mlx5_{index}/1", state="DOWN", phys_state="Polling", gbps=40)
+    (root / "mlx5_7" / "ports" / "1" / "link_layer").unlink()
+    findings = evaluate_ports(read_infiniband_sysfs(root), 10, 400, "sysfs")
+    down = {f.component.id for f in findings if f.code == "IB_LINK_DOWN"}
+    assert down == {f"mlx5_{i}/1" for i in range(7)}
+    assert all(f.action is Action.REBOOT for f in findings if f.code == "IB_LINK_DOWN")
+
+
+def test_roce_node_with_every_fabric_port_down_is_repaired(tmp_path: Path) -> None:
+    root = roce_tree(tmp_path)
+    for index in range(8):
+        set_port(root, f"mlx5_{index}/1", state="DOWN", phys_state="Polling", gbps=40)
+    for index in (8, 9):
+        set_port(root, f"mlx5_{index}/1", state="DOWN", phys_state="Polling", gbps=40)
+    findings = evaluate_ports(read_infiniband_sysfs(root), None, 400, "sysfs")
+    assert {f.component.id for f in findings if f.action is Action.REBOOT} >= {
+        f"mlx5_{i}/1" for i in range(8)
+    }
 
 
 def test_real_roce_node_with_a_polling_fabric_port_is_not_passed() -> None:

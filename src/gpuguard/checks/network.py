@@ -185,22 +185,29 @@ def evaluate_ports(
     up = [port for port in fabric if port.link_up]
     findings.extend(_rate_findings(up, roles, network, expected_link_gbps, source))
     findings.extend(
-        _candidate_down(port, roles[port.name], source)
+        _candidate(port, roles[port.name], source)
         for port in ports
         if roles[port.name].role is Role.CANDIDATE
     )
     return findings
 
 
-def _candidate_down(port: PortRecord, role: PortRole, source: str) -> Finding:
-    """A RoCE port that may be a lost fabric link or an unused one: say so, repair nothing."""
-    why = _NO_LINK.get(port.phys_state or "", f"physical state {port.phys_state}")
+def _candidate(port: PortRecord, role: PortRole, source: str) -> Finding:
+    """A RoCE port of the fabric's model that may be a broken fabric link or a port that is
+    not part of the fabric (unused, or a front end): say so, repair nothing."""
+    if port.link_up:
+        code, what = "LINK_RATE_DEGRADED", f"{port.rate_gbps:g} Gb/s ({role.why})"
+    else:
+        why = _NO_LINK.get(port.phys_state or "", f"physical state {port.phys_state}")
+        code, what = (
+            "IB_LINK_DOWN",
+            f"link down ({port.state}): {why}; a lost fabric link or an unused port",
+        )
     message = (
-        f"{port.name}: link down ({port.state}): {why}; a port of the fabric's adapter model,"
-        " so a lost fabric link or an unused port: set network.expected.Ethernet.ports (or"
-        " network.devices) to have it judged"
+        f"{port.name}: {what}: set network.expected.Ethernet.ports (or network.devices) to"
+        " have it judged"
     )
-    return _finding("IB_LINK_DOWN", Severity.WARNING, Action.NONE, port, source, message, role)
+    return _finding(code, Severity.WARNING, Action.NONE, port, source, message, role)
 
 
 def _state_finding(port: PortRecord, role: PortRole, source: str) -> Finding | None:

@@ -11,18 +11,20 @@ when set, makes exactly its devices the fabric. Otherwise they are inferred:
 - InfiniBand and EFA ports are fabric.
 - Ethernet ports beside InfiniBand or EFA ports are the front end, unless
   ``network.expected.Ethernet`` is set (then they are judged as on an all-Ethernet node).
-- On an all-Ethernet node (RoCE) a port is fabric only if it is in use (physical state
-  ``LinkUp``, or unreadable: fail closed) and of the adapter model most in-use ports have;
-  a port of another model is taken for a front-end NIC. Among ports of that model, with
-  ``network.expected.Ethernet.ports`` = N the N fastest are the fabric; without it, a
-  port under half the fabric rate (the expected rate, else the model's fastest port) is
-  taken for a front-end port of the same model, and a port at half rate or more is a fabric
-  port and judged. A fabric link that lost one step (half its lanes or half its lane speed)
-  still shows half its rate; a same-model front end at half the fabric rate, or a fabric
-  port that fell below half, needs N or ``network.devices`` to be told apart. Without N,
-  a port of that model with no link that is not Disabled (``Polling``) is a fabric
-  candidate: a lost fabric link or an unused port, warned about and never repaired; with N
-  it fills a missing fabric place and is judged.
+- On an all-Ethernet node (RoCE) the fabric's adapter model is the one most ports that
+  want a link have (LinkUp or Polling; a Disabled port is an administrator's choice and
+  never fabric by default); ports of other models are front-end NICs. With
+  ``network.expected.Ethernet.ports`` = N, the N fastest ports of that model are the
+  fabric (a port without a link fills a missing place). Without N, a port of that model
+  is fabric when it runs at half the fabric rate or more (the expected rate, else the
+  model's fastest port): a link that lost one step still shows half its rate. One that
+  runs slower, or wants a link and has none, is a *candidate*: a same-model front end or
+  unused port, or a fabric link that lost most of its lanes or its cable; it is warned
+  about and never repaired until N or ``network.devices`` says which. When no port of
+  the fabric's model has a link at all, unused spares cannot explain it: those ports are
+  fabric and judged.
+- A port whose link layer cannot be read is judged (fail closed) and changes no other
+  port's role.
 """
 
 from __future__ import annotations
@@ -99,9 +101,12 @@ def assign_roles(
             inferred.append(port)
     ethernet = [port for port in inferred if link_layer_of(port) == ETHERNET]
     for port in inferred:
-        if link_layer_of(port) != ETHERNET:
+        if port.link_layer is None:  # unreadable: judged (fail closed), and it decides nothing
+            roles[port.name] = PortRole(Role.FABRIC, "link layer unreadable")
+        elif link_layer_of(port) != ETHERNET:
             roles[port.name] = PortRole(Role.FABRIC, f"{link_layer_of(port)} port")
-    if len(ethernet) < len(inferred) and ETHERNET not in network.expected:
+    beside = [p for p in inferred if p.link_layer is not None and link_layer_of(p) != ETHERNET]
+    if beside and ETHERNET not in network.expected:
         front_end = PortRole(Role.FRONT_END, "Ethernet beside InfiniBand/EFA: the front end")
         roles.update((port.name, front_end) for port in ethernet)
     else:
@@ -120,10 +125,16 @@ def _roce_roles(
     unplugged = [p for p in idle if p.phys_state != DISABLED]
     if not in_use and not unplugged:
         return {p.name: PortRole(Role.FRONT_END, "administratively Disabled") for p in ports}
-    model = _majority_model(in_use or unplugged)
+    # The fabric's model: the one most ports that want a link have (a Disabled port does not).
+    model = _majority_model([*in_use, *unplugged])
+    linked = any(p.ca_type == model for p in in_use)
     for port in idle:
         if port.phys_state == DISABLED:
             roles[port.name] = PortRole(Role.FRONT_END, "administratively Disabled")
+        elif port.ca_type == model and not linked:
+            # No port of the fabric's model has a link: unused spares cannot explain that.
+            why = f"no {model} port of the node has a link"
+            roles[port.name] = PortRole(Role.FABRIC, why)
         elif port.ca_type == model and count is None:
             why = f"{port.phys_state} port of the RoCE fabric's model {model}"
             roles[port.name] = PortRole(Role.CANDIDATE, why)
@@ -155,9 +166,9 @@ def _roce_roles(
         else:
             why = (
                 f"{port.rate_gbps:g} Gb/s, under half the fabric's {reference:g}: a front-end"
-                " port of the same model (set network.expected.Ethernet.ports to judge it)"
+                " port of the same model or a fabric link that lost most of its lanes"
             )
-            roles[port.name] = PortRole(Role.FRONT_END, why)
+            roles[port.name] = PortRole(Role.CANDIDATE, why)
     return roles
 
 
