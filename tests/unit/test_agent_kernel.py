@@ -129,3 +129,20 @@ def test_remembered_findings_count_only_for_their_boot():
 def test_unreadable_memory_is_ignored():
     assert decode_memory("not json") == ("", [])
     assert decode_memory('{"bootId": "b", "findings": [{"code": 1}]}') == ("", [])
+
+
+def test_a_reset_forgets_a_message_whose_gpu_was_named_on_the_line_before():
+    state = KernelState(600, lambda: "boot-1")
+    state.add_lines(
+        [
+            "NVRM: The NVIDIA GPU 0000:3b:00.0",
+            "NVRM: (PCI ID: 10de:2330) installed in this system has",
+            "NVRM: fallen off the bus and is not responding to commands.",
+            "NVRM: Xid (PCI:0000:5d:00): 48, pid=1, name=python, DBE",
+        ],
+        False,
+    )
+    assert {f.component.id for f in state.findings()} == {"0000:3b:00.0", "0000:5d:00.0"}
+    state.forget_gpus(["0000:3b:00.0"])
+    # The whole message goes, not only its first line (which would leave it about the node).
+    assert [(f.code, f.component.id) for f in state.findings()] == [("XID_48", "0000:5d:00.0")]

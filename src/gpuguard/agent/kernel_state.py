@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from gpuguard.checks.kernel_incidents import findings_for_events
+from gpuguard.checks.kernel_incidents import devices_named, findings_for_events
 from gpuguard.checks.kernel_log import KernelEvent, scan
 from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.model import Action, Component, Finding, Layer, Severity
@@ -71,7 +71,12 @@ class KernelState:
         """A reset handled these GPUs' faults: drop their events (and remembered findings)."""
         names = {gpu_id(g) for g in gpus}
         with self._lock:
-            self._events = [(t, e) for t, e in self._events if gpu_id(e.device) not in names]
+            about = devices_named([e for _, e in self._events])
+            self._events = [
+                (t, e)
+                for (t, e), device in zip(self._events, about, strict=True)
+                if gpu_id(device) not in names
+            ]
             boot, remembered = self._remembered
             kept = [
                 f for f in remembered if not (f.component.kind == "gpu" and f.component.id in names)

@@ -250,17 +250,10 @@ def _driver_findings(events: Sequence[KernelEvent], source: str) -> list[Finding
     """
     xids = {(e.code, gpu(e.device).id) for e in events if e.kind == "xid"}
     findings: dict[tuple[str, Component], Finding] = {}
-    named: tuple[int, str] | None = None  # (index, address) of the last line naming a GPU
-    for index, event in enumerate(events):
-        if event.kind == "gpu_named":
-            named = (index, event.device)
-            continue
+    for event, device in zip(events, devices_named(events), strict=True):
         rule = DRIVER_RULES.get(event.kind)
         if rule is None:
             continue
-        device = event.device
-        if not device and named is not None and index - named[0] <= _NAMED_WITHIN:
-            device = named[1]
         layer, code, severity, action = rule
         component = gpu_or_node(device) if layer is Layer.GPU else NODE
         if (SAME_AS_XID.get(code), component.id) in xids:
@@ -278,6 +271,21 @@ def _driver_findings(events: Sequence[KernelEvent], source: str) -> list[Finding
                 event.line,
             )
     return list(findings.values())
+
+
+def devices_named(events: Sequence[KernelEvent]) -> list[str]:
+    """The device each event is about: its own, or for a driver message whose line names
+    none, the GPU the line of the same message just before it named ("" when neither)."""
+    devices: list[str] = []
+    named: tuple[int, str] | None = None  # (index, address) of the last line naming a GPU
+    for index, event in enumerate(events):
+        device = event.device
+        if event.kind == "gpu_named":
+            named = (index, device)
+        elif not device and event.kind in DRIVER_RULES and named is not None:
+            device = named[1] if index - named[0] <= _NAMED_WITHIN else ""
+        devices.append(device)
+    return devices
 
 
 def _driver_message(code: str, component: Component, device: str) -> str:
