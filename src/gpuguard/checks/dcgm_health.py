@@ -88,13 +88,13 @@ OTHER_RULE = SystemRule("DCGM_HEALTH_OTHER", Action.NONE, "system not known to g
 # DCGM's messages for the watches it files under no named system (DCGM_FR_*_MSG):
 # "Detected XID %u for GPU %u", "... (triggered by XID 79 ...)", "Detected fatal NvSwitch
 # SXID %u", "... Recovery action: 2 (NODE_REBOOT).", "IMEX domain status is ...".
-_XID = re.compile(r"\bXID (?P<xid>\d+)", re.IGNORECASE)
-_SWITCH = re.compile(r"NvSwitch|\bSXID\b", re.IGNORECASE)
-_RECOVERY = re.compile(r"Recovery action: \d+ \((?P<name>[A-Za-z0-9_ ]+)\)")
+_XID_IN_MESSAGE = re.compile(r"\bXID (?P<xid>\d+)", re.IGNORECASE)
+_SWITCH_IN_MESSAGE = re.compile(r"NvSwitch|\bSXID\b", re.IGNORECASE)
+_RECOVERY_IN_MESSAGE = re.compile(r"Recovery action: \d+ \((?P<name>[A-Za-z0-9_ ]+)\)")
 RECOVERY_CODE = "DCGM_HEALTH_RECOVERY_ACTION"
 # DCGM_FR_PENDING_PAGE_RETIREMENTS / DCGM_FR_PENDING_ROW_REMAP ("A pending retired page has
 # been detected in GPU %u", "... row remapping ... pending").
-_PENDING = re.compile(
+_PENDING_IN_MESSAGE = re.compile(
     r"pending (?:retired page|page retirement|row remap)|row remap\w* (?:is |are )?pending",
     re.IGNORECASE,
 )
@@ -200,15 +200,17 @@ def _incident(
     """One watch's incident. DCGM names the system only for some watches: an Xid or an
     NVSwitch error comes as "Internal error", the driver's recovery action as "Driver"
     (DcgmHealthWatch.cpp), so the message says what it is about."""
-    if (recovery := _RECOVERY.search(message)) and (known := recovery_rule(recovery["name"])):
+    if (recovery := _RECOVERY_IN_MESSAGE.search(message)) and (
+        known := recovery_rule(recovery["name"])
+    ):
         text = f"DCGM reports {component}'s recovery action {recovery['name']}: {message}"
         return replace(
             _finding(RECOVERY_CODE, known.severity, known.action, component, text, message),
             deferred=known.deferred,
         )
-    if xid := _XID.search(message):
+    if xid := _XID_IN_MESSAGE.search(message):
         return xid_finding(int(xid["xid"]), component, SOURCE, message, message)
-    if _PENDING.search(message):
+    if _PENDING_IN_MESSAGE.search(message):
         # DCGM's table: a pending retirement or remap is severity RESET; NVIDIA's drain and
         # reset (the spare takes over at the next reset; running work may finish).
         text = f"DCGM {label} of {component}: {word}: {message} (drain, then reset the GPU)"
@@ -221,7 +223,7 @@ def _incident(
             text = f"DCGM {label} of {component}: {word}: {message} ({why})"
             return _finding(code, Severity.WARNING, Action.NONE, component, text, message)
     rule = _rule_for(label)
-    if rule is OTHER_RULE and (component.kind == "nvswitch" or _SWITCH.search(message)):
+    if rule is OTHER_RULE and (component.kind == "nvswitch" or _SWITCH_IN_MESSAGE.search(message)):
         rule = SYSTEM_RULES["nvswitch"]
     action = rule.on_failure if severity is Severity.CRITICAL else Action.NONE
     text = f"DCGM {label} of {component}: {word}: {message or 'no message'}"
