@@ -31,9 +31,8 @@ __all__ = ["KernelEvent", "classify_log", "parse_line", "relevant_lines", "scan"
 # A line holding none of these is never decoded or parsed. The driver writes "NVRM:" into
 # every message it prints; the others are the kernel's own faults and the lines that must
 # survive a shipper that strips "NVRM:" (Xid, SXid, fallen off the bus). Few markers keep
-# the automaton's SIMD prefilter fast (each one more costs about a millisecond on the
-# benchmark's log); tests/unit/test_kernel_messages.py checks that every phrase the
-# grammar needs is kept.
+# the automaton's SIMD prefilter fast (it slows with every one added: docs/BENCHMARKS.md);
+# tests/unit/test_kernel_messages.py checks that every phrase the grammar needs is kept.
 MARKERS = (
     b"NVRM",
     b"Xid",
