@@ -287,19 +287,18 @@ def _rate_findings(
     link_gbps: float | None,
     source: str,
 ) -> Iterable[Finding]:
+    def finding(
+        code: str, severity: Severity, action: Action, port: PortRecord, why: str
+    ) -> Finding:
+        return _finding(
+            code, severity, action, port, source, f"{port.name}: {why}", roles[port.name]
+        )
+
     rated: list[tuple[PortRecord, float]] = []
     for port in up:
         if port.rate_gbps is None:
-            message = f"{port.name}: link rate could not be read"
-            yield _finding(
-                "LINK_RATE_UNREADABLE",
-                Severity.WARNING,
-                Action.NONE,
-                port,
-                source,
-                message,
-                roles[port.name],
-            )
+            why = "link rate could not be read"
+            yield finding("LINK_RATE_UNREADABLE", Severity.WARNING, Action.NONE, port, why)
         else:
             rated.append((port, port.rate_gbps))
     # Without an expected rate, compare each port with its peers (same link layer and model).
@@ -313,27 +312,11 @@ def _rate_findings(
         gbps = expected.gbps if expected and expected.gbps is not None else link_gbps
         if gbps is not None:
             if rate < gbps:
-                message = f"{port.name}: {rate:g} Gb/s, expected {gbps:g}"
-                yield _finding(
-                    "LINK_RATE_DEGRADED",
-                    Severity.CRITICAL,
-                    Action.REBOOT,
-                    port,
-                    source,
-                    message,
-                    roles[port.name],
-                )
+                why = f"{rate:g} Gb/s, expected {gbps:g}"
+                yield finding("LINK_RATE_DEGRADED", Severity.CRITICAL, Action.REBOOT, port, why)
         elif rate < (best := peak[(layer, port.ca_type)]):
-            message = f"{port.name}: {rate:g} Gb/s, its peers run at {best:g}"
-            yield _finding(
-                "LINK_RATE_DEGRADED",
-                Severity.WARNING,
-                Action.NONE,
-                port,
-                source,
-                message,
-                roles[port.name],
-            )
+            why = f"{rate:g} Gb/s, its peers run at {best:g}"
+            yield finding("LINK_RATE_DEGRADED", Severity.WARNING, Action.NONE, port, why)
 
 
 def counter_deltas(
