@@ -349,6 +349,9 @@ def test_roce_node_with_every_fabric_port_down_is_repaired(tmp_path: Path) -> No
     assert {f.component.id for f in findings if f.action is Action.REBOOT} >= {
         f"mlx5_{i}/1" for i in range(8)
     }
+    # Expecting no fabric, the same ports are a node without RDMA cabling: warned only.
+    uncabled = evaluate_ports(read_infiniband_sysfs(root), None, None, "sysfs")
+    assert uncabled and all(f.action is Action.NONE for f in uncabled)
 
 
 def test_real_roce_node_with_a_polling_fabric_port_is_not_passed() -> None:

@@ -175,7 +175,8 @@ def evaluate_ports(
     devices = sorted({port.device for port in ports if in_scope(port.device, network)})
     if expected_nics is not None and len(devices) < expected_nics:
         findings.append(nic_count_mismatch(expected_nics, devices, source))
-    roles = assign_roles(ports, network, expected_link_gbps)
+    expects = expected_nics is not None or any(e.ports for e in network.expected.values())
+    roles = assign_roles(ports, network, expected_link_gbps, fabric_expected=expects)
     fabric = [port for port in ports if roles[port.name].fabric]
     findings.extend(_port_count_findings(ports, fabric, roles, network, source))
     for port in fabric:

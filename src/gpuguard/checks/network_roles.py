@@ -21,8 +21,9 @@ when set, makes exactly its devices the fabric. Otherwise they are inferred:
   runs slower, or wants a link and has none, is a *candidate*: a same-model front end or
   unused port, or a fabric link that lost most of its lanes or its cable; it is warned
   about and never repaired until N or ``network.devices`` says which. When no port of
-  the fabric's model has a link at all, unused spares cannot explain it: those ports are
-  fabric and judged.
+  the fabric's model has a link at all and the configuration expects a fabric (an
+  adapter count, a rate or a port count), unused spares cannot explain it: those ports
+  are fabric and judged.
 - A port whose link layer cannot be read is judged (fail closed) and changes no other
   port's role.
 """
@@ -87,9 +88,18 @@ def in_scope(device: str, network: NetworkConfig) -> bool:
 
 
 def assign_roles(
-    ports: Sequence[PortRecord], network: NetworkConfig, link_gbps: float | None
+    ports: Sequence[PortRecord],
+    network: NetworkConfig,
+    link_gbps: float | None,
+    *,
+    fabric_expected: bool = False,
 ) -> dict[str, PortRole]:
-    """Each port's role, by port name (see the module docstring for the rules)."""
+    """Each port's role, by port name (see the module docstring for the rules).
+
+    ``fabric_expected``: the configuration says the node has an RDMA fabric (an expected
+    adapter count, rate or port count), so a node none of whose ports has a link is broken
+    rather than simply not cabled.
+    """
     roles: dict[str, PortRole] = {}
     inferred: list[PortRecord] = []
     for port in ports:
@@ -112,12 +122,13 @@ def assign_roles(
     else:
         expected = network.expected.get(ETHERNET)
         gbps = expected.gbps if expected and expected.gbps is not None else link_gbps
-        roles.update(_roce_roles(ethernet, gbps, expected.ports if expected else None))
+        count = expected.ports if expected else None
+        roles.update(_roce_roles(ethernet, gbps, count, fabric_expected or link_gbps is not None))
     return roles
 
 
 def _roce_roles(
-    ports: Sequence[PortRecord], gbps: float | None, count: int | None
+    ports: Sequence[PortRecord], gbps: float | None, count: int | None, fabric_expected: bool
 ) -> dict[str, PortRole]:
     roles: dict[str, PortRole] = {}
     in_use = [p for p in ports if p.phys_state in (LINK_UP, None) or p.state is None]
@@ -131,8 +142,9 @@ def _roce_roles(
     for port in idle:
         if port.phys_state == DISABLED:
             roles[port.name] = PortRole(Role.FRONT_END, "administratively Disabled")
-        elif port.ca_type == model and not linked:
-            # No port of the fabric's model has a link: unused spares cannot explain that.
+        elif port.ca_type == model and not linked and fabric_expected:
+            # A fabric is expected and no port of its model has a link: unused spares
+            # cannot explain that (a node without RDMA cabling, and no expectation, can).
             why = f"no {model} port of the node has a link"
             roles[port.name] = PortRole(Role.FABRIC, why)
         elif port.ca_type == model and count is None:
