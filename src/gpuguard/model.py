@@ -211,6 +211,11 @@ class LayerHealth:
         return max((f.action for f in self.findings), default=Action.NONE)
 
     @property
+    def problems(self) -> list[Finding]:
+        """The findings worth publishing: above info, or a deferred repair."""
+        return [f for f in self.findings if f.severity > Severity.INFO or f.deferred]
+
+    @property
     def deferred(self) -> bool:
         """Unhealthy only for repairs that wait for running work (``Finding.deferred``):
         every finding that makes the layer unhealthy is deferred, none is critical now, no

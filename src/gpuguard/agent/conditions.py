@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.model import Finding, Layer, LayerHealth, Severity, Status
+from gpuguard.model import Finding, Layer, LayerHealth, Status
 
 # Condition type per layer, by profile. "eks" writes the names that Karpenter's node repair
 # (and the EKS node monitoring agent) already act on.
@@ -62,7 +62,7 @@ def desired_conditions(layers: Mapping[Layer, LayerHealth], profile: str) -> lis
 
 def _desired(kind: str, health: LayerHealth, profile: str) -> Desired:
     status = _STATUS_OF[health.status]
-    problems = [f for f in health.findings if f.severity > Severity.INFO or f.deferred]
+    problems = health.problems
     if health.status is Status.HEALTHY:
         return Desired(kind, status, "Healthy", _answered(health))
     if not problems:  # nothing answered and nothing failed: every source is missing

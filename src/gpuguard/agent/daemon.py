@@ -38,7 +38,7 @@ from gpuguard.config import Config
 from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
 from gpuguard.kube.times import format_time
 from gpuguard.kube.watch import WATCH_JOIN_S
-from gpuguard.model import Action, CheckResult, Layer, NodeReport, Outcome, Severity
+from gpuguard.model import Action, CheckResult, Layer, NodeReport, Outcome
 from gpuguard.remediation.model import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.runner import RepeatingCheck, assess, inconclusive_result
 from gpuguard.sources import Sources
@@ -390,7 +390,7 @@ def report_layers(report: NodeReport) -> str:
     ``"deferred": true`` when its repair waits for running work (drain and reset)."""
     layers = {}
     for layer, health in report.layers.items():
-        problems = [f for f in health.findings if f.severity > Severity.INFO or f.deferred]
+        problems = health.problems
         entry: dict[str, object] = {
             "status": str(health.status),
             "action": str(health.action),
