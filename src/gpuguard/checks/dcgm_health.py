@@ -45,7 +45,7 @@ driver's verdict, an NVSwitch error the NVSwitch rule, IMEX is a warning (softwa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gpuguard.checks.dcgm_common import (
     JsonObject,
@@ -204,19 +204,16 @@ def _incident(
         known := recovery_rule(recovery["name"])
     ):
         text = f"DCGM reports {component}'s recovery action {recovery['name']}: {message}"
-        return replace(
-            _finding(RECOVERY_CODE, known.severity, known.action, component, text, message),
-            deferred=known.deferred,
-        )
+        severity, action = known.severity, known.action
+        return _finding(RECOVERY_CODE, severity, action, component, text, message, known.deferred)
     if xid := _XID_IN_MESSAGE.search(message):
         return xid_finding(int(xid["xid"]), component, SOURCE, message, message)
     if _PENDING_IN_MESSAGE.search(message):
         # DCGM's table: a pending retirement or remap is severity RESET; NVIDIA's drain and
         # reset (the spare takes over at the next reset; running work may finish).
         text = f"DCGM {label} of {component}: {word}: {message} (drain, then reset the GPU)"
-        return replace(
-            _finding(PENDING_CODE, Severity.WARNING, Action.RESET_GPU, component, text, message),
-            deferred=True,
+        return _finding(
+            PENDING_CODE, Severity.WARNING, Action.RESET_GPU, component, text, message, True
         )
     for pattern, code, why in _SOFTWARE:
         if pattern.search(message):
@@ -259,6 +256,14 @@ def _unknown_state(component: Component, what: str, word: str, message: str = ""
 
 
 def _finding(
-    code: str, severity: Severity, action: Action, component: Component, message: str, evidence: str
+    code: str,
+    severity: Severity,
+    action: Action,
+    component: Component,
+    message: str,
+    evidence: str,
+    deferred: bool = False,
 ) -> Finding:
-    return Finding(Layer.GPU, code, severity, action, component, SOURCE, message, evidence)
+    return Finding(
+        Layer.GPU, code, severity, action, component, SOURCE, message, evidence, deferred
+    )
