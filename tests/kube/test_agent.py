@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from gpuguard.agent.daemon import MEMORY_ANNOTATION, Agent
+from gpuguard.agent.daemon import Agent
 from gpuguard.agent.follow import FileFollower
 from gpuguard.agent.metrics import AgentMetrics, serve
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
+from gpuguard.contract.keys import MEMORY_ANNOTATION, REPORT_ANNOTATION
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import load_api
-from gpuguard.remediation.model import REPORT_ANNOTATION
 from gpuguard.sources import BundleSources, LiveSources, Sources
 from tests.conftest import DATA
 from tests.support.cluster import wait_for

@@ -21,9 +21,9 @@ from gpuguard.agent.follow import FileFollower
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
+from gpuguard.contract.keys import TAINT_KEY
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import Json, KubeApi, load_api
-from gpuguard.remediation.model import TAINT_KEY
 from gpuguard.sources import BundleSources
 from tests.support.cluster import wait_for
 from tests.support.controllers import POOL, Running, node, remediations, status_of, tainted

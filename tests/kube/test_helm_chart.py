@@ -24,12 +24,11 @@ import pytest
 import yaml
 
 from gpuguard.agent.conditions import OWNED_TYPES
-from gpuguard.agent.daemon import MEMORY_ANNOTATION
 from gpuguard.config import Config, load_config
+from gpuguard.contract.keys import MEMORY_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.errors import KubeRejected
 from gpuguard.kube.rest import load_api
-from gpuguard.remediation.model import VERIFY_REQUEST_ANNOTATION
 from tests.support.cluster import wait_for
 from tests.support.controlplane import REPO, ControlPlane
 

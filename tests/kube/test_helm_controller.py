@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
-from gpuguard.controller.breaker_store import NAME as BREAKER_CONFIGMAP
-from gpuguard.controller.breaker_store import RESET_ANNOTATION, BreakerStore
+from gpuguard.contract.keys import BREAKER_CONFIGMAP, BREAKER_RESET_ANNOTATION
+from gpuguard.controller.breaker_store import BreakerStore
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.loop import LEASE_NAME
 from gpuguard.controller.options import PROVIDER_NAMES
@@ -712,10 +712,12 @@ def test_controller_breaker_reset_annotation_round_trip(controller, admin_api, i
     store.load()
     store.save(BreakerState(open=True, opened_at=time.time(), reason="chart test"))
     path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/{BREAKER_CONFIGMAP}"
-    admin_api.patch(path, {"metadata": {"annotations": {RESET_ANNOTATION: "now"}}})
+    admin_api.patch(path, {"metadata": {"annotations": {BREAKER_RESET_ANNOTATION: "now"}}})
     assert store.reset_requested(time.time())
     store.save(BreakerState())  # removes the annotation with the reset
-    assert RESET_ANNOTATION not in (admin_api.get(path)["metadata"].get("annotations") or {})
+    assert BREAKER_RESET_ANNOTATION not in (
+        admin_api.get(path)["metadata"].get("annotations") or {}
+    )
 
 
 def test_karpenter_provider_deletes_the_nodeclaim(controller, admin_api, nodes):

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from gpuguard.cli import build_parser
+from gpuguard.contract.keys import TAINT_KEY
 from gpuguard.controller.loop import Controller
 from gpuguard.kube.rest import Json, KubeApi, KubeRejected
-from gpuguard.remediation.model import TAINT_KEY
 from tests.support.cluster import install_crd, scratch_namespace, set_health, wait_for
 from tests.support.controllers import Running, new_controller
 from tests.support.controlplane import REPO

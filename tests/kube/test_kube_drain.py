@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from gpuguard.contract.keys import GPU_IDS_ANNOTATION
 from gpuguard.kube import drain
 from gpuguard.kube.rest import PODS, KubeApi
-from gpuguard.remediation.model import GPU_IDS_ANNOTATION
 from tests.support.controlplane import ControlPlane
 
 BAD_GPU = "0000:91:00.0"

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpuguard.contract.keys import CORDONED_BY_US_ANNOTATION, TAINT_KEY
 from gpuguard.kube import fleet
-from gpuguard.remediation.model import CORDONED_BY_US_ANNOTATION, TAINT_KEY
 from tests.support.controlplane import ControlPlane
 
 FOREIGN = {"key": "example.com/maintenance", "value": "yes", "effect": "NoExecute"}

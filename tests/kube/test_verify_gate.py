@@ -22,10 +22,10 @@ from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
+from gpuguard.contract.keys import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
-from gpuguard.remediation.model import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.sources import BundleSources
 from tests.support.cluster import make_node, wait_for
 from tests.support.controllers import POOL, Running, append, node, node_name, status_of, tainted

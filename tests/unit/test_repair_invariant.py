@@ -28,6 +28,7 @@ from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
 from gpuguard.checks.kernel_log import classify_log
 from gpuguard.checks.load import judge
 from gpuguard.checks.load.nic_loopback import judge_loopback
+from gpuguard.contract.keys import REPORT_ANNOTATION
 from gpuguard.controller.observe import project_node
 from gpuguard.model import (
     NODE,
@@ -41,7 +42,6 @@ from gpuguard.model import (
     Status,
     assess_layer,
 )
-from gpuguard.remediation.model import REPORT_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "checks.md"

@@ -35,11 +35,16 @@ from gpuguard.agent.verify_requests import follow_verify_requests
 from gpuguard.checks.base import Check, CheckContext
 from gpuguard.checks.load.checks import DeepGpuCheck
 from gpuguard.config import Config
+from gpuguard.contract.keys import (
+    AGENT_CONTROLLER,
+    MEMORY_ANNOTATION,
+    REPORT_ANNOTATION,
+    VERIFY_REQUEST_ANNOTATION,
+)
 from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
 from gpuguard.kube.times import format_time
 from gpuguard.kube.watch import WATCH_JOIN_S
 from gpuguard.model import Action, CheckResult, Layer, NodeReport, Outcome
-from gpuguard.remediation.model import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.runner import RepeatingCheck, assess, inconclusive_result
 from gpuguard.sources import Sources
 
@@ -48,8 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuguard.agent")
 
-MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"
-CONTROLLER = "gpuguard.io/agent"
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 FOLLOW_RETRY_S = 5.0
 
@@ -343,8 +346,8 @@ class Agent:
                 reason=want.reason,
                 note=note,
                 warning=want.status != "True",
-                controller=CONTROLLER,
-                instance=f"{CONTROLLER}/{self.node_name}",
+                controller=AGENT_CONTROLLER,
+                instance=f"{AGENT_CONTROLLER}/{self.node_name}",
                 action="HealthChanged",
             )
         except KubeError as exc:  # the condition is written; the event is best effort

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
 from gpuguard.kube.watch import keep_watching
-from gpuguard.remediation.model import VERIFY_REQUEST_ANNOTATION
 
 if TYPE_CHECKING:
     from gpuguard.kube.client import NodeApi

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.providers import Provider
@@ -21,13 +22,7 @@ from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import save_episode, set_request
 from gpuguard.kube.rest import NODES, Json, KubeApi
 from gpuguard.kube.times import format_time
-from gpuguard.remediation.model import (
-    VERIFY_REQUEST_ANNOTATION,
-    Decision,
-    DecisionKind,
-    Episode,
-    Plan,
-)
+from gpuguard.remediation.model import Decision, DecisionKind, Episode, Plan
 
 log = logging.getLogger("gpuguard.controller")
 # Concurrent API writes per reconcile: nodes in parallel, each node's steps in order.

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import json
 
+from gpuguard.contract.keys import BREAKER_CONFIGMAP, BREAKER_RESET_ANNOTATION
 from gpuguard.kube.rest import Json, KubeApi, KubeNotFound, Resource
 from gpuguard.remediation.model import BreakerState
 
 CONFIGMAPS = Resource("/api/v1", "configmaps", namespaced=True)
-NAME = "gpuguard-controller-state"
-RESET_ANNOTATION = "gpuguard.io/reset-breaker"
 RESET_POLL_S = 5.0
 
 
 class BreakerStore:
     def __init__(self, api: KubeApi, namespace: str) -> None:
         self.api = api
-        self.path = CONFIGMAPS.path(NAME, namespace=namespace)
+        self.path = CONFIGMAPS.path(BREAKER_CONFIGMAP, namespace=namespace)
         self.collection = CONFIGMAPS.path(namespace=namespace)
         self.state = BreakerState()
         self._saved: BreakerState | None = None
@@ -46,7 +45,7 @@ class BreakerStore:
             annotations = self.api.get(self.path)["metadata"].get("annotations") or {}
         except KubeNotFound:
             return False
-        self._reset_pending = RESET_ANNOTATION in annotations
+        self._reset_pending = BREAKER_RESET_ANNOTATION in annotations
         return self._reset_pending
 
     def save(self, state: BreakerState) -> None:
@@ -55,13 +54,18 @@ class BreakerStore:
             return
         body: Json = {"data": {"breaker": json.dumps(_encode(state), sort_keys=True)}}
         if self._reset_pending:
-            body["metadata"] = {"annotations": {RESET_ANNOTATION: None}}
+            body["metadata"] = {"annotations": {BREAKER_RESET_ANNOTATION: None}}
         try:
             self.api.patch(self.path, body)
         except KubeNotFound:
             self.api.create(
                 self.collection,
-                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": NAME}, **body},
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": BREAKER_CONFIGMAP},
+                    **body,
+                },
             )
         self._saved, self._reset_pending = state, False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from gpuguard.contract.keys import CONTROLLER_CONTROLLER
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import GROUP_VERSION, KIND, object_name
 from gpuguard.kube.rest import KubeApi
@@ -12,7 +13,6 @@ from gpuguard.remediation.model import Decision, Episode, Phase
 
 log = logging.getLogger("gpuguard.controller")
 EVENTS_PATH = "/apis/events.k8s.io/v1/namespaces/default/events"
-CONTROLLER = "gpuguard.io/controller"
 
 
 class EventRecorder:
@@ -27,7 +27,7 @@ class EventRecorder:
             "kind": "Event",
             "metadata": {"generateName": f"{episode.node}-remediation-"},
             "eventTime": format_micro_time(now),
-            "reportingController": CONTROLLER,
+            "reportingController": CONTROLLER_CONTROLLER,
             "reportingInstance": self.identity,
             "action": str(episode.phase),
             "reason": _reason(episode),

@@ -12,19 +12,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuguard.agent.conditions import PROFILES
-from gpuguard.kube import times
-from gpuguard.model import Action
-from gpuguard.remediation.model import (
+from gpuguard.contract.keys import (
     CORDONED_BY_US_ANNOTATION,
     DO_NOT_DISRUPT,
     EXCLUDE_LABEL,
     REPORT_ANNOTATION,
     TAINT_KEY,
     VERIFY_REQUEST_ANNOTATION,
-    LayerReport,
-    NodeObservation,
-    VerifyAnswer,
 )
+from gpuguard.kube import times
+from gpuguard.model import Action
+from gpuguard.remediation.model import LayerReport, NodeObservation, VerifyAnswer
 
 # Condition type -> layer name, for every profile the agent may be running with.
 LAYER_OF_TYPE = {kind: str(layer) for names in PROFILES.values() for layer, kind in names.items()}

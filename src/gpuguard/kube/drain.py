@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpuguard.contract.keys import GPU_IDS_ANNOTATION
 from gpuguard.kube.rest import (
     PODS,
     Json,
@@ -33,7 +34,6 @@ from gpuguard.kube.rest import (
     KubeThrottled,
 )
 from gpuguard.kube.times import format_time
-from gpuguard.remediation.model import GPU_IDS_ANNOTATION
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 DISRUPTION_TARGET = "DisruptionTarget"

@@ -17,10 +17,9 @@ from typing import Any
 
 import msgspec
 
+from gpuguard.contract.keys import CORDONED_BY_US_ANNOTATION, TAINT_EFFECT, TAINT_KEY
 from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, KubeRefused, Listing
-from gpuguard.remediation.model import CORDONED_BY_US_ANNOTATION, TAINT_KEY
 
-TAINT_EFFECT = "NoSchedule"
 CONFLICT_RETRIES = 5
 _KEPT_METADATA = ("name", "uid", "resourceVersion", "labels", "annotations", "creationTimestamp")
 

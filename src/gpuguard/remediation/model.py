@@ -12,16 +12,6 @@ from enum import StrEnum
 
 from gpuguard.model import Action
 
-# Kubernetes names shared by the agent, the controller and the chart.
-TAINT_KEY = "gpuguard.io/unhealthy"
-EXCLUDE_LABEL = "gpuguard.io/exclude"
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-REPORT_ANNOTATION = "gpuguard.io/report"
-# On a Node: the controller asks its agent to run the deep suite now (an RFC 3339 stamp).
-VERIFY_REQUEST_ANNOTATION = "gpuguard.io/verify-requested"
-CORDONED_BY_US_ANNOTATION = "gpuguard.io/cordoned"
-GPU_IDS_ANNOTATION = "gpuguard.io/gpu-ids"  # on a Pod: the GPUs it was given, when known
-
 
 class Phase(StrEnum):
     """Where one node's episode stands."""

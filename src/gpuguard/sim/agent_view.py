@@ -29,9 +29,10 @@ from gpuguard.checks.load.measure import DeviceMeasurement, NodeMeasurement
 from gpuguard.checks.network import PortRecord, evaluate_ports
 from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.config import DeepChecks
+from gpuguard.contract.keys import REPORT_ANNOTATION
 from gpuguard.controller.observe import project_node
 from gpuguard.model import CheckResult, Layer, Outcome, Severity
-from gpuguard.remediation.model import REPORT_ANNOTATION, LayerReport
+from gpuguard.remediation.model import LayerReport
 from gpuguard.runner import assess, inconclusive_result
 from gpuguard.sim.faults import GPU_BUS, Signal, gpu_bus_id
 

@@ -1,0 +1,27 @@
+"""The names gpuguard writes on Kubernetes objects (the chart's RBAC and admission
+policies refer to the same strings)."""
+
+from __future__ import annotations
+
+GROUP = "gpuguard.io"
+
+# On a Node.
+TAINT_KEY = "gpuguard.io/unhealthy"
+TAINT_EFFECT = "NoSchedule"
+EXCLUDE_LABEL = "gpuguard.io/exclude"
+REPORT_ANNOTATION = "gpuguard.io/report"  # the agent's node report (contract.report)
+MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"  # the agent's kernel memory
+VERIFY_REQUEST_ANNOTATION = "gpuguard.io/verify-requested"  # the controller's request id
+CORDONED_BY_US_ANNOTATION = "gpuguard.io/cordoned"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"  # Karpenter's; honoured, never written
+
+# On a Pod: the GPUs it was given, when known.
+GPU_IDS_ANNOTATION = "gpuguard.io/gpu-ids"
+
+# The breaker's ConfigMap, in the controller's namespace.
+BREAKER_CONFIGMAP = "gpuguard-controller-state"
+BREAKER_RESET_ANNOTATION = "gpuguard.io/reset-breaker"
+
+# Reporting controllers of Events (events.k8s.io ``reportingController``).
+AGENT_CONTROLLER = "gpuguard.io/agent"
+CONTROLLER_CONTROLLER = "gpuguard.io/controller"
