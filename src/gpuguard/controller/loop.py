@@ -78,6 +78,7 @@ class Controller:
         resync_s: float = 1.0,
         lease_s: float = 15.0,
         renew_s: float = 5.0,
+        retry_s: float = RETRY_S,
     ) -> None:
         self.api = api
         self.policy = policy
@@ -90,6 +91,7 @@ class Controller:
         self.keep_closed_s = max(keep_closed_s, policy.history_s)
         self._collected_at = float("-inf")
         self.resync_s = resync_s
+        self.retry_s = retry_s
         self.elector = LeaderElector(
             api, namespace, LEASE_NAME, identity, lease_s=lease_s, renew_s=renew_s
         )
@@ -138,8 +140,8 @@ class Controller:
                 self.reconcile()
             except KubeError as exc:
                 self._episodes = None
-                log.warning("reconcile failed, retrying in %.0fs: %s", RETRY_S, exc)
-                stop.wait(RETRY_S)
+                log.warning("reconcile failed, retrying in %.0fs: %s", self.retry_s, exc)
+                stop.wait(self.retry_s)
         for thread in watches:  # ended by _wake_on_stop; none is left reading the client
             thread.join(WATCH_JOIN_S)
 
@@ -180,7 +182,7 @@ class Controller:
             nonlocal version
             version = take(item) or version
 
-        keep_watching(stream, fold, stop, log=log, what=path, retry_s=RETRY_S)
+        keep_watching(stream, fold, stop, log=log, what=path, retry_s=self.retry_s)
 
     def _take(self, item: Snapshot | WatchEvent) -> str:
         """Fold a watch item into the cache, projecting each changed Node once here so
