@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from gpuguard.contract.times import parse_time as parse_exact
 from gpuguard.controller.observe import format_time, parse_time, project_node
-from gpuguard.kube.times import parse_time as parse_exact
 from gpuguard.model import Action
 
 

@@ -41,8 +41,8 @@ from gpuguard.contract.keys import (
     REPORT_ANNOTATION,
     VERIFY_REQUEST_ANNOTATION,
 )
+from gpuguard.contract.times import format_time
 from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
-from gpuguard.kube.times import format_time
 from gpuguard.kube.watch import WATCH_JOIN_S
 from gpuguard.model import Action, CheckResult, Layer, NodeReport, Outcome
 from gpuguard.runner import RepeatingCheck, assess, inconclusive_result

@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
+from gpuguard.contract.times import format_time
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.providers import Provider
@@ -21,7 +22,6 @@ from gpuguard.kube import drain, fleet
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import save_episode, set_request
 from gpuguard.kube.rest import NODES, Json, KubeApi
-from gpuguard.kube.times import format_time
 from gpuguard.remediation.model import Decision, DecisionKind, Episode, Plan
 
 log = logging.getLogger("gpuguard.controller")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from gpuguard.contract.keys import CONTROLLER_CONTROLLER
+from gpuguard.contract.times import format_micro_time
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import GROUP_VERSION, KIND, object_name
 from gpuguard.kube.rest import KubeApi
-from gpuguard.kube.times import format_micro_time
 from gpuguard.remediation.model import Decision, Episode, Phase
 
 log = logging.getLogger("gpuguard.controller")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuguard.agent.conditions import PROFILES
+from gpuguard.contract import times
 from gpuguard.contract.keys import (
     CORDONED_BY_US_ANNOTATION,
     DO_NOT_DISRUPT,
@@ -20,7 +21,6 @@ from gpuguard.contract.keys import (
     TAINT_KEY,
     VERIFY_REQUEST_ANNOTATION,
 )
-from gpuguard.kube import times
 from gpuguard.model import Action
 from gpuguard.remediation.model import LayerReport, NodeObservation, VerifyAnswer
 

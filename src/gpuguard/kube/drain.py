@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpuguard.contract.keys import GPU_IDS_ANNOTATION
+from gpuguard.contract.times import format_time
 from gpuguard.kube.rest import (
     PODS,
     Json,
@@ -33,7 +34,6 @@ from gpuguard.kube.rest import (
     KubeStatusError,
     KubeThrottled,
 )
-from gpuguard.kube.times import format_time
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 DISRUPTION_TARGET = "DisruptionTarget"

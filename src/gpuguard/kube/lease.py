@@ -23,10 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpuguard.contract.times import format_micro_time
 from gpuguard.errors import ConfigError
 from gpuguard.kube.errors import KubeError, KubeUnavailable
 from gpuguard.kube.rest import LEASES, Json, KubeApi, KubeConflict, KubeNotFound
-from gpuguard.kube.times import format_micro_time
 
 log = logging.getLogger(__name__)
 

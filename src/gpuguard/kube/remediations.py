@@ -18,8 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.contract.times import format_time, parse_time
 from gpuguard.kube.rest import Json, KubeApi, KubeConflict, KubeNotFound, Resource
-from gpuguard.kube.times import format_time, parse_time
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult, Episode, Phase, Resolution, Step
 
