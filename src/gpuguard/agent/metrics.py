@@ -1,25 +1,19 @@
-"""The agent's one metrics registry, and the HTTP endpoint serving it with health probes."""
+"""The agent's one metrics registry; ``gpuguard.metrics_server`` serves it with the probes."""
 
 from __future__ import annotations
 
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Protocol
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
+from gpuguard.metrics_server import Probes
+from gpuguard.metrics_server import serve as serve  # still importable from here
 from gpuguard.model import CheckResult, NodeReport, Status
 
-# A main loop silent for longer than this is reported unhealthy on /healthz.
-LIVENESS_S = 120.0
 
-
-class AgentMetrics:
+class AgentMetrics(Probes):
     """Per-layer health, findings, check runs, Xids seen, and publishing."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.registry = CollectorRegistry()
         self.layer_status = Gauge(
             "gpuguard_layer_status",
@@ -81,8 +75,6 @@ class AgentMetrics:
             ["reason"],
             registry=self.registry,
         )
-        self._alive_at = time.monotonic()
-        self.ready = threading.Event()
 
     def observe_check(self, result: CheckResult) -> None:
         self.check_duration.labels(result.check).observe(result.duration_s)
@@ -97,49 +89,3 @@ class AgentMetrics:
             for finding in health.findings:
                 labels = (str(finding.layer), finding.code, str(finding.severity))
                 self.findings.labels(*labels).inc()
-
-    def alive(self) -> None:
-        self._alive_at = time.monotonic()
-
-    def is_alive(self) -> bool:
-        return time.monotonic() - self._alive_at < LIVENESS_S
-
-
-class Served(Protocol):
-    """What the endpoint needs: a registry, a readiness flag and a liveness answer."""
-
-    registry: CollectorRegistry
-    ready: threading.Event
-
-    def is_alive(self) -> bool: ...
-
-
-def serve(metrics: Served, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz on a daemon thread; returns the server."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._answer(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
-                ok = metrics.is_alive()
-                self._answer(200 if ok else 503, b"ok\n" if ok else b"main loop stalled\n")
-            elif self.path == "/readyz":
-                ok = metrics.ready.is_set()
-                self._answer(200 if ok else 503, b"ok\n" if ok else b"not published yet\n")
-            else:
-                self._answer(404, b"not found\n")
-
-        def _answer(self, code: int, body: bytes, kind: str = "text/plain") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # scrapes every few seconds would flood the agent's log
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    return server

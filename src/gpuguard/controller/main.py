@@ -8,11 +8,11 @@ import signal
 import sys
 import threading
 
-from gpuguard.agent.metrics import serve
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.providers import provider_for
 from gpuguard.kube.rest import load_api
+from gpuguard.metrics_server import serve
 from gpuguard.remediation.policy import Policy, load_policy
 
 log = logging.getLogger("gpuguard.controller")

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import Counter as Tally
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpuguard.metrics_server import Probes
 from gpuguard.remediation.model import Episode, Phase, Plan
 
-LIVENESS_S = 120.0
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60, 300, 900, 3600, 14400)
 
 
-class ControllerMetrics:
+class ControllerMetrics(Probes):
+    """Readiness is set once the Node cache is filled; the reconcile loop beats liveness."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.registry = CollectorRegistry()
         self.nodes_by_phase = Gauge(
             "gpuguard_controller_nodes",
@@ -65,20 +66,12 @@ class ControllerMetrics:
             "1 on the replica that holds the Lease",
             registry=self.registry,
         )
-        self.ready = threading.Event()  # set once the Node cache is filled
-        self._alive_at = time.monotonic()
         self.reconcile = Histogram(
             "gpuguard_controller_reconcile_seconds",
             "Wall time of one reconcile",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-
-    def alive(self) -> None:
-        self._alive_at = time.monotonic()
-
-    def is_alive(self) -> bool:
-        return time.monotonic() - self._alive_at < LIVENESS_S
 
     def observe_plan(self, plan: Plan, pools: Mapping[str, str]) -> None:
         open_episodes = [e for e in plan.episodes.values() if e.phase is not Phase.CLOSED]

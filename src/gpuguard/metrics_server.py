@@ -1,0 +1,73 @@
+"""The HTTP endpoint the agent and the controller both serve: /metrics, /healthz, /readyz.
+
+Each daemon's metrics class extends ``Probes`` with its own registry; ``serve`` answers the
+scrapes and the kubelet's probes from it. Imports nothing of gpuguard's, so either side can
+use it without importing the other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# A main loop silent for longer than this is reported unhealthy on /healthz.
+LIVENESS_S = 120.0
+
+
+class Probes:
+    """Readiness (set once, after the first useful work) and liveness (the main loop's beat)."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self._alive_at = time.monotonic()
+
+    def alive(self) -> None:
+        self._alive_at = time.monotonic()
+
+    def is_alive(self) -> bool:
+        return time.monotonic() - self._alive_at < LIVENESS_S
+
+
+class Served(Protocol):
+    """What the endpoint needs: a registry, a readiness flag and a liveness answer."""
+
+    registry: CollectorRegistry
+    ready: threading.Event
+
+    def is_alive(self) -> bool: ...
+
+
+def serve(metrics: Served, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on a daemon thread; returns the server."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._answer(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                ok = metrics.is_alive()
+                self._answer(200 if ok else 503, b"ok\n" if ok else b"main loop stalled\n")
+            elif self.path == "/readyz":
+                ok = metrics.ready.is_set()
+                self._answer(200 if ok else 503, b"ok\n" if ok else b"not published yet\n")
+            else:
+                self._answer(404, b"not found\n")
+
+        def _answer(self, code: int, body: bytes, kind: str = "text/plain") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # scrapes every few seconds would flood the daemon's log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
