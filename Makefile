@@ -23,6 +23,7 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check src tests bench hack
 	$(BIN)/ruff format --check src tests bench hack
+	$(BIN)/lint-imports --no-cache
 
 typecheck: venv
 	$(BIN)/mypy
