@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 from gpuguard.contract.keys import CONTROLLER_CONTROLLER
+from gpuguard.contract.remediation import GROUP_VERSION, KIND
 from gpuguard.contract.times import format_micro_time
 from gpuguard.kube.errors import KubeError
-from gpuguard.kube.remediations import GROUP_VERSION, KIND, object_name
+from gpuguard.kube.remediations import object_name
 from gpuguard.kube.rest import KubeApi
 from gpuguard.remediation.model import Decision, Episode, Phase
 

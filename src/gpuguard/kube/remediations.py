@@ -7,7 +7,8 @@ the node's agent (``status.request``, :func:`set_request`) and the agent's answe
 (``status.result``, :func:`report_result`). Merge patches need no resourceVersion, so a
 save never fails on a conflict with the agent answering at the same moment.
 
-Times are RFC 3339 strings that convert back to exactly the float they came from.
+The object's shape is ``contract.remediation``'s models (the CRD schema is generated from
+them); this module maps them to and from the policy's Episode and talks to the API server.
 """
 
 from __future__ import annotations
@@ -16,20 +17,18 @@ import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-from gpuguard.contract.times import format_time, parse_time
+from gpuguard.contract import remediation as wire
+from gpuguard.contract.errors import ContractError
+from gpuguard.contract.remediation import GROUP_VERSION, PLURAL, RUNGS
 from gpuguard.kube.rest import Json, KubeApi, KubeConflict, KubeNotFound, Resource
 from gpuguard.model import Action
-from gpuguard.remediation.model import ActionResult, Episode, Phase, Resolution, Step
+from gpuguard.remediation.model import ActionResult, Episode, Phase, Step
 
 log = logging.getLogger(__name__)
 
-GROUP_VERSION = "gpuguard.io/v1alpha1"
-KIND = "NodeRemediation"
-NODE_REMEDIATIONS = Resource("/apis/gpuguard.io/v1alpha1", "noderemediations")
+NODE_REMEDIATIONS = Resource(f"/apis/{GROUP_VERSION}", PLURAL)
 MAX_STEPS = 200  # keeps an object far below etcd's size limit; the oldest steps go first
-RUNGS = (Action.KILL_JOB, Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
 _MAX_NAME = 253
 
 
@@ -54,40 +53,33 @@ def object_name(node: str, opened_at: float) -> str:
 
 def episode_to_object(ep: Episode) -> Json:
     """The whole NodeRemediation for ``ep`` (``status.request`` is not part of an Episode)."""
-    return {
-        "apiVersion": GROUP_VERSION,
-        "kind": KIND,
-        "metadata": {"name": object_name(ep.node, ep.opened_at)},
-        "spec": {"nodeName": ep.node, "openedAt": format_time(ep.opened_at)},
-        "status": _without_nulls(_status(ep)),
-    }
+    whole = wire.NodeRemediation(
+        metadata={"name": object_name(ep.node, ep.opened_at)},
+        spec=wire.Spec(node_name=ep.node, opened_at=ep.opened_at),
+        status=_status(ep),
+    )
+    return whole.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def episode_from_object(obj: Json) -> Episode:
-    """The Episode a NodeRemediation holds; raises ``ValueError``/``KeyError`` if malformed."""
-    spec = obj["spec"]
-    status = obj.get("status") or {}
-    opened_at = parse_time(spec["openedAt"])
-    rung = status.get("rung")
-    result = status.get("result")
+    """The Episode a NodeRemediation holds; raises ``ContractError`` if malformed."""
+    whole = wire.read_remediation(obj)
+    spec, status = whole.spec, whole.status
     return Episode(
-        node=str(spec["nodeName"]),
-        opened_at=opened_at,
-        phase=Phase(status.get("phase", Phase.QUARANTINED)),
-        rung=Action[rung] if rung else None,
-        attempts={Action[name]: int(n) for name, n in (status.get("attempts") or {}).items()},
-        phase_since=parse_time(status["phaseSince"]) if "phaseSince" in status else opened_at,
-        last_action_at=_time(status.get("lastActionAt")),
-        action_result=_result(result) if result else None,
-        gpus=tuple(str(gpu) for gpu in status.get("gpus") or ()),
-        cordoned_by_us=bool(status.get("cordonedByUs", False)),
-        exhausted=bool(status.get("exhausted", False)),
-        closed_at=_time(status.get("closedAt")),
-        resolution=Resolution(status["resolution"]) if status.get("resolution") else None,
-        steps=[
-            Step(at=parse_time(step["at"]), phase=Phase(step["phase"]), message=step["message"])
-            for step in status.get("steps") or []
-        ],
+        node=spec.node_name,
+        opened_at=spec.opened_at,
+        phase=status.phase,
+        rung=status.rung,
+        attempts=dict(status.attempts),
+        phase_since=spec.opened_at if status.phase_since is None else status.phase_since,
+        last_action_at=status.last_action_at,
+        action_result=_result(status.result) if status.result is not None else None,
+        gpus=status.gpus,
+        cordoned_by_us=status.cordoned_by_us,
+        exhausted=status.exhausted,
+        closed_at=status.closed_at,
+        resolution=status.resolution,
+        steps=[Step(at=step.at, phase=step.phase, message=step.message) for step in status.steps],
     )
 
 
@@ -98,9 +90,7 @@ def save_episode(api: KubeApi, ep: Episode, *, new: bool = False) -> None:
     written only when the episode carries one, so the agent's answer is never erased.
     """
     name = object_name(ep.node, ep.opened_at)
-    patch = {"status": _status(ep)}
-    if ep.action_result is None:
-        del patch["status"]["result"]
+    patch = {"status": _status_patch(ep)}
     if not new:  # usually it exists: one write; ``new`` skips the doomed first try
         try:
             api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch)
@@ -122,8 +112,8 @@ def list_episodes(api: KubeApi) -> tuple[dict[str, Episode], list[Episode]]:
     for obj in api.list(NODE_REMEDIATIONS.path()).items:
         try:
             ep = episode_from_object(obj)
-        except (KeyError, ValueError, TypeError) as exc:
-            log.warning("skipping malformed NodeRemediation %s: %r", _name(obj), exc)
+        except ContractError as exc:
+            log.warning("skipping malformed NodeRemediation: %s", exc)
             continue
         if ep.phase is Phase.CLOSED:
             closed.append(ep)
@@ -143,7 +133,7 @@ def delete_closed_before(api: KubeApi, cutoff: float) -> int:
     for obj in api.list(NODE_REMEDIATIONS.path()).items:
         try:
             ep = episode_from_object(obj)
-        except (KeyError, ValueError, TypeError):
+        except ContractError:
             continue
         if ep.phase is Phase.CLOSED and (ep.closed_at or ep.opened_at) < cutoff:
             with contextlib.suppress(KubeNotFound):  # deleted meanwhile by another replica
@@ -158,16 +148,11 @@ def set_request(
     """Order ``action`` from the node's agent; False (nothing written) when this attempt of
     this action is already requested, so repeating a decision after a restart is harmless."""
     path = NODE_REMEDIATIONS.path(object_name(ep.node, ep.opened_at), sub="status")
-    current = _request(api.get(path))
+    current = wire.request_of(api.get(path))
     if current is not None and (current.action, current.attempt) == (action, attempt):
         return False
-    request = {
-        "action": action.name,
-        "attempt": attempt,
-        "gpus": list(gpus),
-        "requestedAt": format_time(now),
-    }
-    api.patch(path, {"status": {"request": request}})
+    request = wire.Request(action=action, attempt=attempt, gpus=gpus, requested_at=now)
+    api.patch(path, {"status": {"request": request.model_dump(mode="json", by_alias=True)}})
     return True
 
 
@@ -175,12 +160,10 @@ def read_result(api: KubeApi, ep: Episode) -> ActionResult | None:
     """The answer to the episode's current rung and attempt, once one was reported."""
     if ep.rung is None:
         return None
-    obj = api.get(NODE_REMEDIATIONS.path(object_name(ep.node, ep.opened_at)))
-    result = (obj.get("status") or {}).get("result")
-    if not result:
+    answer = wire.result_of(api.get(NODE_REMEDIATIONS.path(object_name(ep.node, ep.opened_at))))
+    if answer is None or (answer.action, answer.attempt) != (ep.rung, ep.attempt):
         return None
-    answer = _result(result)
-    return answer if (answer.action, answer.attempt) == (ep.rung, ep.attempt) else None
+    return _result(answer)
 
 
 def pending_request_for(api: KubeApi, node: str) -> tuple[str, ActionRequest] | None:
@@ -188,93 +171,77 @@ def pending_request_for(api: KubeApi, node: str) -> tuple[str, ActionRequest] | 
     found = api.list(NODE_REMEDIATIONS.path(), field_selector=f"spec.nodeName={node}").items
     pending: list[tuple[str, ActionRequest]] = []
     for obj in found:
-        status = obj.get("status") or {}
-        request = _request(obj)
-        if request is None or status.get("phase") == Phase.CLOSED:
+        request = wire.request_of(obj)
+        if request is None or (obj.get("status") or {}).get("phase") == Phase.CLOSED:
             continue
-        result = status.get("result")
-        if result and (result.get("action"), result.get("attempt")) == (
-            request.action.name,
+        result = wire.result_of(obj)
+        if result is not None and (result.action, result.attempt) == (
+            request.action,
             request.attempt,
         ):
             continue
-        pending.append((_name(obj), request))
+        order = ActionRequest(request.action, request.attempt, request.gpus, request.requested_at)
+        pending.append((_name(obj), order))
     return max(pending, key=lambda item: item[1].requested_at, default=None)
 
 
 def report_result(api: KubeApi, name: str, result: ActionResult) -> None:
     """For the agent: answer the request on NodeRemediation ``name``."""
-    api.patch(NODE_REMEDIATIONS.path(name, sub="status"), {"status": {"result": _wire(result)}})
+    answer = _wire_result(result).model_dump(mode="json", by_alias=True)
+    patch = {"status": {"result": answer}}
+    api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch)
 
 
-def _status(ep: Episode) -> dict[str, Any]:
-    """The controller-owned status fields; ``None`` removes a field in a merge patch."""
+def _status(ep: Episode) -> wire.Status:
+    """The episode's status as stored (without ``request``, the controller's order)."""
     steps = ep.steps[-MAX_STEPS:]
-    attempts: dict[str, int | None] = {rung.name: ep.attempts.get(rung) for rung in RUNGS}
-    return {
-        "phase": str(ep.phase),
-        "rung": ep.rung.name if ep.rung is not None else None,
-        "attempt": ep.attempt,
-        "attempts": attempts,
-        "phaseSince": format_time(ep.phase_since),
-        "lastActionAt": _stamp(ep.last_action_at),
-        "gpus": list(ep.gpus),
-        "cordonedByUs": ep.cordoned_by_us,
-        "exhausted": ep.exhausted,
-        "closedAt": _stamp(ep.closed_at),
-        "resolution": str(ep.resolution) if ep.resolution is not None else None,
-        "lastMessage": steps[-1].message if steps else None,
-        "steps": [
-            {"at": format_time(s.at), "phase": str(s.phase), "message": s.message} for s in steps
-        ],
-        "result": _wire(ep.action_result) if ep.action_result is not None else None,
-    }
+    result = ep.action_result
+    return wire.Status(
+        phase=ep.phase,
+        rung=ep.rung,
+        attempt=ep.attempt,
+        attempts={rung: ep.attempts[rung] for rung in RUNGS if rung in ep.attempts},
+        phase_since=ep.phase_since,
+        last_action_at=ep.last_action_at,
+        gpus=ep.gpus,
+        cordoned_by_us=ep.cordoned_by_us,
+        exhausted=ep.exhausted,
+        closed_at=ep.closed_at,
+        resolution=ep.resolution,
+        last_message=steps[-1].message if steps else None,
+        steps=tuple(wire.Step(at=s.at, phase=s.phase, message=s.message) for s in steps),
+        result=_wire_result(result) if result is not None else None,
+    )
 
 
-def _without_nulls(status: dict[str, Any]) -> Json:
-    kept = {key: value for key, value in status.items() if value is not None}
-    kept["attempts"] = {rung: n for rung, n in status["attempts"].items() if n is not None}
-    return kept
+def _status_patch(ep: Episode) -> Json:
+    """The controller's part of the status as a merge patch, where ``None`` removes a
+    field: never ``request`` (:func:`set_request`'s), ``result`` only when the episode
+    carries one."""
+    mine = {"request"} if ep.action_result is not None else {"request", "result"}
+    patch = _status(ep).model_dump(mode="json", by_alias=True, exclude=mine)
+    patch["attempts"] = {rung.name: patch["attempts"].get(rung.name) for rung in RUNGS}
+    return patch
 
 
-def _wire(result: ActionResult) -> Json:
-    return {
-        "action": result.action.name,
-        "attempt": result.attempt,
-        "succeeded": result.succeeded,
-        "at": format_time(result.at),
-        "message": result.message,
-    }
+def _wire_result(result: ActionResult) -> wire.Result:
+    return wire.Result(
+        action=result.action,
+        attempt=result.attempt,
+        succeeded=result.succeeded,
+        at=result.at,
+        message=result.message,
+    )
 
 
-def _result(wire: Json) -> ActionResult:
+def _result(answer: wire.Result) -> ActionResult:
     return ActionResult(
-        attempt=int(wire["attempt"]),
-        action=Action[wire["action"]],
-        succeeded=bool(wire["succeeded"]),
-        at=parse_time(wire["at"]),
-        message=str(wire.get("message", "")),
+        attempt=answer.attempt,
+        action=answer.action,
+        succeeded=answer.succeeded,
+        at=answer.at,
+        message=answer.message,
     )
-
-
-def _request(obj: Json) -> ActionRequest | None:
-    wire = (obj.get("status") or {}).get("request")
-    if not wire:
-        return None
-    return ActionRequest(
-        action=Action[wire["action"]],
-        attempt=int(wire["attempt"]),
-        gpus=tuple(wire.get("gpus") or ()),
-        requested_at=parse_time(wire["requestedAt"]),
-    )
-
-
-def _stamp(seconds: float | None) -> str | None:
-    return format_time(seconds) if seconds is not None else None
-
-
-def _time(text: str | None) -> float | None:
-    return parse_time(text) if text else None
 
 
 def _name(obj: Json) -> str:

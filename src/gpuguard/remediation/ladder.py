@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuguard.contract.remediation import RUNGS
 from gpuguard.model import Action
 from gpuguard.remediation.health import false_layers, needed_action, recent_episodes
 from gpuguard.remediation.model import Episode, NodeObservation
-from gpuguard.remediation.policy import RUNGS, Policy
+from gpuguard.remediation.policy import Policy
 
 
 @dataclass(frozen=True)

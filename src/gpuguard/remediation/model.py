@@ -10,28 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+# The phases and resolutions are the NodeRemediation's own words (its schema's enums).
+from gpuguard.contract.remediation import Phase as Phase
+from gpuguard.contract.remediation import Resolution as Resolution
 from gpuguard.model import Action
 
-
-class Phase(StrEnum):
-    """Where one node's episode stands."""
-
-    QUARANTINED = "Quarantined"  # tainted NoSchedule; waiting out the finding's tolerance
-    DRAINING = "Draining"  # evicting the pods the chosen rung must move
-    ACTING = "Acting"  # the rung's action was requested (agent, provider) and is running
-    VERIFYING = "Verifying"  # action done; waiting for a fresh healthy report (and verify)
-    CLOSED = "Closed"  # healthy again (or replaced); taint and our cordon removed
-
-
 ACTIVE_PHASES = (Phase.DRAINING, Phase.ACTING, Phase.VERIFYING)  # count against the budget
-
-
-class Resolution(StrEnum):
-    TRANSIENT = "Transient"  # cleared within its tolerance: only tainted and untainted
-    REPAIRED = "Repaired"  # healthy after an action
-    REPLACED = "Replaced"  # the machine was handed back (NodeClaim or Node deleted)
-    GONE = "Gone"  # the Node disappeared on its own
-    GAVE_UP = "GaveUp"  # no rung left; stays tainted for a human
 
 
 @dataclass(frozen=True)

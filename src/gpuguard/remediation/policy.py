@@ -30,8 +30,6 @@ from gpuguard.model import Action
 Seconds = Annotated[float, Field(ge=0)]
 Percent = Annotated[float, Field(ge=0, le=100)]
 
-RUNGS = (Action.KILL_JOB, Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
-
 # A GPU that fell off the PCIe bus does not come back by itself (NVIDIA's bucket for Xid 79
 # is RESTART_BM): waiting only keeps a dead node in the pool, so act at once.
 DEFAULT_TOLERANCES: dict[str, float] = {"XID_79": 0.0, "GPU_FALLEN_OFF_BUS": 0.0}

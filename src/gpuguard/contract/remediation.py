@@ -1,0 +1,189 @@
+"""The NodeRemediation (gpuguard.io/v1alpha1): one node's remediation episode as stored.
+
+The controller writes ``spec`` and its part of ``status``; it orders the node's agent in
+``status.request`` and the agent answers in ``status.result``. The chart's CRD schema is
+generated from these models (``make crds``, contract.crd), so the API server and the code
+agree on every field. The phases, resolutions and rungs are defined here because they are
+part of the wire (the schema's enums); the remediation policy uses the same ones.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, WithJsonSchema
+
+from gpuguard.contract.keys import GROUP
+from gpuguard.contract.wire import Time, Wire, read
+from gpuguard.model import Action
+
+VERSION = "v1alpha1"
+GROUP_VERSION = f"{GROUP}/{VERSION}"
+KIND = "NodeRemediation"
+PLURAL = "noderemediations"
+
+# The repair ladder, least disruptive first.
+RUNGS = (Action.KILL_JOB, Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
+
+
+class Phase(StrEnum):
+    """Where one node's episode stands."""
+
+    QUARANTINED = "Quarantined"  # tainted NoSchedule; waiting out the finding's tolerance
+    DRAINING = "Draining"  # evicting the pods the chosen rung must move
+    ACTING = "Acting"  # the rung's action was requested (agent, provider) and is running
+    VERIFYING = "Verifying"  # action done; waiting for a fresh healthy report (and verify)
+    CLOSED = "Closed"  # healthy again (or replaced); taint and our cordon removed
+
+
+class Resolution(StrEnum):
+    TRANSIENT = "Transient"  # cleared within its tolerance: only tainted and untainted
+    REPAIRED = "Repaired"  # healthy after an action
+    REPLACED = "Replaced"  # the machine was handed back (NodeClaim or Node deleted)
+    GONE = "Gone"  # the Node disappeared on its own
+    GAVE_UP = "GaveUp"  # no rung left; stays tainted for a human
+
+
+def _action(value: object) -> object:
+    # The wire names a rung (``REBOOT``); code passes the Action itself.
+    if isinstance(value, str) and value in Action.__members__:
+        return Action[value]
+    return value
+
+
+def _is_rung(action: Action) -> Action:
+    if action not in RUNGS:
+        raise ValueError(f"{action.name} is not a rung")
+    return action
+
+
+Rung = Annotated[
+    Action,
+    BeforeValidator(_action),
+    AfterValidator(_is_rung),
+    PlainSerializer(lambda action: action.name, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "enum": [rung.name for rung in RUNGS]}),
+]
+Count = Annotated[int, Field(ge=0)]
+
+
+class Spec(Wire):
+    """What the episode is about; written once, when the controller creates it."""
+
+    node_name: str = Field(
+        description="The Node this episode is about.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "nodeName is immutable"}
+            ]
+        },
+    )
+    opened_at: Time = Field(description="When the node was first seen unhealthy (RFC 3339).")
+
+
+class Step(Wire):
+    """One line of the episode's history."""
+
+    at: Time
+    # Any string to the API server, as it always was; code reads only phases.
+    phase: Annotated[Phase, WithJsonSchema({"type": "string"})]
+    message: str
+
+
+class Request(Wire):
+    """The controller's order to the node's agent: do ``action`` (attempt ``attempt``)."""
+
+    action: Rung
+    attempt: Count
+    gpus: tuple[str, ...] = ()
+    requested_at: Time
+
+
+class Result(Wire):
+    """The agent's (or provider's) answer to the request of the same action and attempt."""
+
+    action: Rung
+    attempt: Count
+    succeeded: bool
+    at: Time
+    message: str = ""
+
+
+class Status(Wire):
+    """Where the episode stands. Each writer merge-patches only its own fields: the
+    controller all but ``result``, the node's agent ``result``."""
+
+    phase: Phase = Phase.QUARANTINED
+    rung: Rung | None = Field(
+        default=None, description="The repair being tried (least disruptive first)."
+    )
+    attempt: Count = Field(
+        default=0, description="Attempts of the current rung (attempts[rung]), for display."
+    )
+    attempts: Annotated[
+        dict[Rung, Count],
+        WithJsonSchema(
+            {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+        ),
+    ] = Field(default_factory=dict, description="Attempts made per rung in this episode.")
+    phase_since: Time | None = None
+    last_action_at: Time | None = None
+    gpus: tuple[str, ...] = Field(
+        default=(),
+        description="The GPUs (PCI bus ids) the current rung works on; empty is the whole node.",
+    )
+    cordoned_by_us: bool = Field(
+        default=False, description="We cordoned the node, so closing the episode uncordons it."
+    )
+    exhausted: bool = Field(
+        default=False, description="No rung left to try; the node stays tainted for a human."
+    )
+    closed_at: Time | None = None
+    resolution: Resolution | None = None
+    last_message: str | None = Field(
+        default=None, description="The latest step's message, for display."
+    )
+    steps: tuple[Step, ...] = Field(
+        default=(), description="Every decision of the episode (the most recent ones are kept)."
+    )
+    request: Request | None = Field(
+        default=None, description="The controller's order for the node's agent."
+    )
+    result: Result | None = Field(
+        default=None, description="The agent's (or provider's) answer to the request."
+    )
+
+
+class NodeRemediation(Wire):
+    """One node's remediation episode, from detection back to service."""
+
+    api_version: str = GROUP_VERSION
+    kind: str = KIND
+    metadata: Annotated[dict[str, Any], WithJsonSchema({"type": "object"})] = Field(
+        default_factory=dict
+    )
+    spec: Spec
+    status: Status = Field(default_factory=Status)
+
+
+def name_of(obj: dict[str, Any]) -> str:
+    """The object's name as errors and logs give it: ``NodeRemediation/<name>``."""
+    return f"{KIND}/{(obj.get('metadata') or {}).get('name', '')}"
+
+
+def read_remediation(obj: dict[str, Any]) -> NodeRemediation:
+    """A NodeRemediation from the cluster, or a ``ContractError`` naming it and the field."""
+    return read(NodeRemediation, obj, obj=name_of(obj), at="")
+
+
+def request_of(obj: dict[str, Any]) -> Request | None:
+    """The object's ``status.request`` (the controller's order), if it has one."""
+    wire = (obj.get("status") or {}).get("request")
+    return read(Request, wire, obj=name_of(obj), at="status.request") if wire else None
+
+
+def result_of(obj: dict[str, Any]) -> Result | None:
+    """The object's ``status.result`` (the agent's answer), if it has one."""
+    wire = (obj.get("status") or {}).get("result")
+    return read(Result, wire, obj=name_of(obj), at="status.result") if wire else None
