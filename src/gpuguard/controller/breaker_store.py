@@ -6,11 +6,15 @@ An operator closes an open breaker by annotating the ConfigMap:
 
 from __future__ import annotations
 
-import json
+import logging
 
+from gpuguard.contract.breaker import DATA_KEY, Breaker, decode_breaker, encode_breaker
+from gpuguard.contract.errors import ContractError
 from gpuguard.contract.keys import BREAKER_CONFIGMAP, BREAKER_RESET_ANNOTATION
 from gpuguard.kube.rest import Json, KubeApi, KubeNotFound, Resource
 from gpuguard.remediation.model import BreakerState
+
+log = logging.getLogger("gpuguard.controller")
 
 CONFIGMAPS = Resource("/api/v1", "configmaps", namespaced=True)
 RESET_POLL_S = 5.0
@@ -20,6 +24,7 @@ class BreakerStore:
     def __init__(self, api: KubeApi, namespace: str) -> None:
         self.api = api
         self.path = CONFIGMAPS.path(BREAKER_CONFIGMAP, namespace=namespace)
+        self.configmap = f"{namespace}/{BREAKER_CONFIGMAP}"
         self.collection = CONFIGMAPS.path(namespace=namespace)
         self.state = BreakerState()
         self._saved: BreakerState | None = None
@@ -28,10 +33,10 @@ class BreakerStore:
 
     def load(self) -> None:
         try:
-            data = (self.api.get(self.path).get("data") or {}).get("breaker")
+            data = (self.api.get(self.path).get("data") or {}).get(DATA_KEY)
         except KubeNotFound:
             data = None
-        self.state = _decode(data) if data else BreakerState()
+        self.state = self._decode(data) if data else BreakerState()
         self._saved = self.state
 
     def reset_requested(self, now: float) -> bool:
@@ -52,7 +57,7 @@ class BreakerStore:
         self.state = state
         if state == self._saved and not self._reset_pending:
             return
-        body: Json = {"data": {"breaker": json.dumps(_encode(state), sort_keys=True)}}
+        body: Json = {"data": {DATA_KEY: encode_breaker(_wire(state))}}
         if self._reset_pending:
             body["metadata"] = {"annotations": {BREAKER_RESET_ANNOTATION: None}}
         try:
@@ -69,24 +74,20 @@ class BreakerStore:
             )
         self._saved, self._reset_pending = state, False
 
-
-def _encode(state: BreakerState) -> Json:
-    return {
-        "open": state.open,
-        "openedAt": state.opened_at,
-        "reason": state.reason,
-        "resetAt": state.reset_at,
-    }
-
-
-def _decode(text: str) -> BreakerState:
-    try:
-        data = json.loads(text)
+    def _decode(self, text: str) -> BreakerState:
+        """The saved state; a closed breaker when it cannot be read (the next save
+        overwrites it)."""
+        try:
+            saved = decode_breaker(text, configmap=self.configmap)
+        except ContractError as exc:
+            log.warning("breaker state unreadable, starting closed: %s", exc)
+            return BreakerState()
         return BreakerState(
-            open=bool(data.get("open")),
-            opened_at=data.get("openedAt"),
-            reason=str(data.get("reason", "")),
-            reset_at=data.get("resetAt"),
+            open=saved.open, opened_at=saved.opened_at, reason=saved.reason, reset_at=saved.reset_at
         )
-    except (ValueError, AttributeError):
-        return BreakerState()
+
+
+def _wire(state: BreakerState) -> Breaker:
+    return Breaker(
+        open=state.open, opened_at=state.opened_at, reason=state.reason, reset_at=state.reset_at
+    )
