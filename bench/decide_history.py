@@ -17,14 +17,8 @@ from collections.abc import Sequence
 from gpuguard.model import Action
 from gpuguard.remediation.decide import decide
 from gpuguard.remediation.history import History
-from gpuguard.remediation.model import (
-    BreakerState,
-    Episode,
-    LayerReport,
-    NodeObservation,
-    Phase,
-    Resolution,
-)
+from gpuguard.remediation.model import BreakerState, Episode, NodeObservation, Phase, Resolution
+from gpuguard.contract.report import LayerReport
 from gpuguard.remediation.policy import Policy
 
 NOW = 1_000_000_000.0

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.agent.conditions import OWNED_TYPES
 from gpuguard.config import Config, load_config
+from gpuguard.contract.conditions import OWNED_TYPES
 from gpuguard.contract.keys import MEMORY_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.errors import KubeRejected

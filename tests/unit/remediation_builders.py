@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gpuguard.contract.report import LayerReport
 from gpuguard.model import Action
 from gpuguard.remediation.decide import decide
 from gpuguard.remediation.model import (
@@ -20,7 +21,6 @@ from gpuguard.remediation.model import (
     Decision,
     DecisionKind,
     Episode,
-    LayerReport,
     NodeObservation,
     Phase,
     Plan,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from gpuguard.agent.conditions import (
+from gpuguard.agent.conditions import plan_write
+from gpuguard.contract.conditions import (
     MESSAGE_LIMIT,
     OWNED_TYPES,
     Desired,
     camel_case,
     desired_conditions,
-    plan_write,
 )
 from gpuguard.model import (
     Action,

@@ -9,10 +9,10 @@ from gpuguard.agent.follow import FileFollower
 from gpuguard.agent.kernel_state import (
     REMEMBERED_SOURCE,
     KernelState,
-    decode_memory,
-    encode_memory,
     lasting,
+    recall,
 )
+from gpuguard.contract.memory import encode_memory
 
 XID79 = (
     "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -117,7 +117,7 @@ def test_remembered_findings_count_only_for_their_boot():
 
     restarted = KernelState(600, lambda: boot[0])
     restarted.add_lines(["nothing to see"], reset=True)  # the line left the ring buffer
-    restarted.remember(*decode_memory(stored))
+    restarted.remember(*recall(stored, "gpu-1"))
     (finding,) = restarted.findings()
     assert (finding.code, finding.component.id) == ("XID_79", "0000:91:00.0")
     assert finding.source == REMEMBERED_SOURCE
@@ -127,8 +127,8 @@ def test_remembered_findings_count_only_for_their_boot():
 
 
 def test_unreadable_memory_is_ignored():
-    assert decode_memory("not json") == ("", [])
-    assert decode_memory('{"bootId": "b", "findings": [{"code": 1}]}') == ("", [])
+    assert recall("not json", "gpu-1") == ("", [])
+    assert recall('{"bootId": "b", "findings": [{"code": 1}]}', "gpu-1") == ("", [])
 
 
 def test_a_reset_forgets_a_message_whose_gpu_was_named_on_the_line_before():

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from gpuguard.contract.times import parse_time as parse_exact
-from gpuguard.controller.observe import format_time, parse_time, project_node
+from gpuguard.contract.report import ReportDocument, reported_at
+from gpuguard.contract.times import format_time, parse_time
+from gpuguard.controller.observe import project_node
 from gpuguard.model import Action
 
 
@@ -91,7 +92,7 @@ def test_a_garbled_report_recommends_nothing():
 
 def test_times_round_trip():
     assert format_time(parse_time("2026-11-29T19:00:00Z")) == "2026-11-29T19:00:00Z"
-    assert parse_time("yesterday") is None and parse_time(None) is None
+    assert reported_at(ReportDocument("yesterday")) is None and reported_at(None) is None
 
 
 def test_degraded_layer_that_asks_for_a_repair_counts_as_unhealthy():
@@ -133,8 +134,8 @@ def test_verify_request_and_answer_are_projected_exactly():
     stamp = "2026-11-29T19:00:05.123456789Z"  # the policy's float, written without loss
     answer = {"requestedAt": stamp, "at": "2026-11-29T19:01:00Z", "passed": True, "codes": []}
     observed = project_node(with_verify(stamp, answer), "karpenter.sh/nodepool")
-    assert observed.verify_requested_at == parse_exact(stamp)
-    assert observed.verify is not None and observed.verify.requested_at == parse_exact(stamp)
+    assert observed.verify_request == stamp
+    assert observed.verify is not None and observed.verify.request == stamp
     assert observed.verify.passed and observed.verify.codes == ()
     failed = {**answer, "passed": False, "codes": ["DEEP_MATMUL_SLOW"]}
     observed = project_node(with_verify(stamp, failed), "karpenter.sh/nodepool")
@@ -148,7 +149,7 @@ def test_garbled_verify_answers_are_no_answer_and_never_a_pass():
         {"requestedAt": "2026-11-29T19:00:05Z", "passed": True},
     ):
         observed = project_node(with_verify("not a time", garbled), "karpenter.sh/nodepool")
-        assert observed.verify is None and observed.verify_requested_at is None
+        assert observed.verify is None and observed.verify_request is None
     truthy = {"requestedAt": "2026-11-29T19:00:05Z", "passed": "yes", "codes": []}
     observed = project_node(with_verify(None, truthy), "karpenter.sh/nodepool")
     assert observed.verify is not None and not observed.verify.passed

@@ -14,19 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuguard.contract.report import LayerReport
 from gpuguard.errors import ConfigError
 from gpuguard.model import Action
 from gpuguard.remediation.decide import decide
 from gpuguard.remediation.health import recent_episodes
 from gpuguard.remediation.history import History
-from gpuguard.remediation.model import (
-    BreakerState,
-    Episode,
-    LayerReport,
-    NodeObservation,
-    Phase,
-    Resolution,
-)
+from gpuguard.remediation.model import BreakerState, Episode, NodeObservation, Phase, Resolution
 from gpuguard.remediation.policy import Policy, build_policy
 from tests.unit.remediation_builders import DISRUPTIVE, T0, K, Sim, bad, kinds, node, ok
 

@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
+from gpuguard.contract.report import LayerReport
 from gpuguard.errors import ConfigError
 from gpuguard.model import Action
-from gpuguard.remediation.model import LayerReport, Phase
+from gpuguard.remediation.model import Phase
 from gpuguard.remediation.policy import Policy, build_policy
 from gpuguard.sim.agent_view import AgentView, DeepFinding, NodeSignals
 from tests.unit.remediation_builders import DISRUPTIVE, GPU0, K, Sim, bad, fleet, kinds, node

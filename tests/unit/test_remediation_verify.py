@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from gpuguard.contract.verify import VerifyAnswer, request_id
 from gpuguard.errors import ConfigError
 from gpuguard.model import Action
-from gpuguard.remediation.model import Phase, Resolution, VerifyAnswer
+from gpuguard.remediation.model import Phase, Resolution
 from gpuguard.remediation.policy import Policy, build_policy
 from tests.unit.remediation_builders import (
     T0,
@@ -56,16 +57,20 @@ def test_off_by_default_a_healthy_fresh_report_closes_as_before():
 def test_gate_requests_a_verify_stamped_with_the_phase_start_and_waits():
     plan = run(repaired(), verifying(), policy=GATED)
     (request,) = of_kind(plan, K.REQUEST_VERIFY)
-    assert request.requested_at == STARTED
+    assert request.request == request_id(STARTED)
     assert kinds(plan) == [K.REQUEST_VERIFY]
     assert plan.episodes["n1"].phase is Phase.VERIFYING
     # Once the request is on the Node it is not written again.
-    assert run(repaired(verify_requested_at=STARTED), verifying(), policy=GATED).decisions == []
+    assert (
+        run(repaired(verify_request=request_id(STARTED)), verifying(), policy=GATED).decisions == []
+    )
 
 
 def test_a_pass_for_this_request_closes_and_withdraws_the_request():
-    answer = VerifyAnswer(STARTED, passed=True)
-    plan = run(repaired(verify_requested_at=STARTED, verify=answer), verifying(), policy=GATED)
+    answer = VerifyAnswer(request_id(STARTED), passed=True)
+    plan = run(
+        repaired(verify_request=request_id(STARTED), verify=answer), verifying(), policy=GATED
+    )
     assert kinds(plan) == [K.RECORD, K.UNTAINT, K.UNCORDON, K.CLEAR_VERIFY]
     out = plan.episodes["n1"]
     assert out.resolution is Resolution.REPAIRED
@@ -73,23 +78,25 @@ def test_a_pass_for_this_request_closes_and_withdraws_the_request():
 
 
 def test_a_pass_older_than_the_request_is_ignored():
-    stale = VerifyAnswer(STARTED - 3600, passed=True)  # answered an earlier episode's request
+    stale = VerifyAnswer(
+        request_id(STARTED - 3600), passed=True
+    )  # answered an earlier episode's request
     plan = run(
-        repaired(verify_requested_at=STARTED - 3600, verify=stale), verifying(), policy=GATED
+        repaired(verify_request=request_id(STARTED - 3600), verify=stale), verifying(), policy=GATED
     )
     assert kinds(plan) == [K.REQUEST_VERIFY]
     assert plan.episodes["n1"].phase is Phase.VERIFYING
 
 
 def test_a_pass_waits_for_the_node_to_be_healthy_for_clear_after_s():
-    answer = VerifyAnswer(STARTED, passed=True)
+    answer = VerifyAnswer(request_id(STARTED), passed=True)
     just_healed = fleet(
         node(
             "n1",
             ok(since=T0 - 1),
             tainted=True,
             reported_at=T0 - 1,
-            verify_requested_at=STARTED,
+            verify_request=request_id(STARTED),
             verify=answer,
         )
     )
@@ -98,7 +105,7 @@ def test_a_pass_waits_for_the_node_to_be_healthy_for_clear_after_s():
 
 
 def test_a_failed_verify_escalates_like_a_failed_repair():
-    answer = VerifyAnswer(STARTED, passed=False, codes=SLOW)
+    answer = VerifyAnswer(request_id(STARTED), passed=False, codes=SLOW)
     slow = fleet(
         node(
             "n1",
@@ -107,7 +114,7 @@ def test_a_failed_verify_escalates_like_a_failed_repair():
             unschedulable=True,
             cordoned_by_us=True,
             reported_at=T0 - 10,
-            verify_requested_at=STARTED,
+            verify_request=request_id(STARTED),
             verify=answer,
         )
     )
@@ -120,13 +127,13 @@ def test_a_failed_verify_escalates_like_a_failed_repair():
 def test_no_answer_within_the_timeout_fails_closed():
     stamp = T0 - GATED.verify.timeout_s - 1
     late = verifying(since=stamp, last_action_at=T0 - 2000)
-    plan = run(repaired(verify_requested_at=stamp), late, policy=GATED)
+    plan = run(repaired(verify_request=request_id(stamp)), late, policy=GATED)
     out = plan.episodes["n1"]
     assert out.resolution is None and K.UNTAINT not in kinds(plan)
     assert "no deep verify answer 900s after REBOOT attempt 1" in out.steps[-1].message
     # Nothing to climb to on a healthy-looking node: it waits for a human, tainted.
     assert out.phase is Phase.QUARANTINED
-    later = run(repaired(verify_requested_at=stamp), {"n1": out}, now=T0 + 600, policy=GATED)
+    later = run(repaired(verify_request=request_id(stamp)), {"n1": out}, now=T0 + 600, policy=GATED)
     assert K.UNTAINT not in kinds(later) and K.REQUEST_VERIFY not in kinds(later)
     assert later.episodes["n1"].phase is Phase.QUARANTINED
     assert any("was not answered" in note for note in later.notes)
@@ -147,7 +154,7 @@ def test_rungs_outside_the_gate_close_without_a_verify():
 
 
 def test_leftover_verify_request_on_a_healthy_node_is_removed():
-    plan = run(fleet(node("n1", verify_requested_at=T0 - 5000)))
+    plan = run(fleet(node("n1", verify_request=request_id(T0 - 5000))))
     assert kinds(plan) == [K.CLEAR_VERIFY]
 
 
@@ -162,11 +169,11 @@ def test_reboot_to_service_through_the_gate():
     sim.step()  # verifying
     plan = sim.step(120)
     (request,) = of_kind(plan, K.REQUEST_VERIFY)
-    sim.set("n1", verify_requested_at=request.requested_at)
+    sim.set("n1", verify_request=request.request)
     sim.step(60)
     assert sim.episodes["n1"].phase is Phase.VERIFYING and sim.nodes["n1"].tainted
-    assert request.requested_at is not None
-    sim.set("n1", verify=VerifyAnswer(request.requested_at, passed=True))
+    assert request.request is not None
+    sim.set("n1", verify=VerifyAnswer(request.request, passed=True))
     plan = sim.step()
     assert sim.history[-1].resolution is Resolution.REPAIRED
     assert not sim.nodes["n1"].tainted and not sim.nodes["n1"].unschedulable

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.agent.conditions import PROFILES, desired_conditions
-from gpuguard.agent.daemon import report_layers
 from gpuguard.checks import dcgm_diag, dcgm_exporter, dcgm_health, gpu_facts, smi, xid_catalog
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
 from gpuguard.checks.kernel_log import classify_log
 from gpuguard.checks.load import judge
 from gpuguard.checks.load.nic_loopback import judge_loopback
+from gpuguard.contract.conditions import PROFILES, desired_conditions
 from gpuguard.contract.keys import REPORT_ANNOTATION
+from gpuguard.contract.report import ReportDocument, encode_report, layer_entries
 from gpuguard.controller.observe import project_node
 from gpuguard.model import (
     NODE,
@@ -244,7 +244,7 @@ def published(finding: Finding) -> tuple[Status, str, str, bool]:
         "metadata": {
             "name": "n1",
             "annotations": {
-                REPORT_ANNOTATION: json.dumps({"layers": json.loads(report_layers(report))})
+                REPORT_ANNOTATION: encode_report(ReportDocument(layers=layer_entries(report)))
             },
         },
         "status": {"conditions": [{"type": condition.type, "status": condition.status}]},
@@ -306,7 +306,7 @@ def test_a_deferred_repair_stays_true_only_under_the_eks_names():
     node = {
         "metadata": {
             "annotations": {
-                REPORT_ANNOTATION: json.dumps({"layers": json.loads(report_layers(report))})
+                REPORT_ANNOTATION: encode_report(ReportDocument(layers=layer_entries(report)))
             }
         },
         "status": {"conditions": [{"type": eks.type, "status": eks.status}]},

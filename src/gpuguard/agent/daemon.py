@@ -12,7 +12,6 @@ because it has not looked yet.
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import threading
 import time
@@ -20,26 +19,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpuguard.agent.conditions import (
-    OWNED_TYPES,
-    PROFILES,
-    Desired,
-    desired_conditions,
-    plan_write,
-)
-from gpuguard.agent.deep import DeepRun, DeepSchedule, Idleness, nvml_idleness
+from gpuguard.agent.conditions import plan_write
+from gpuguard.agent.deep import DeepSchedule, Idleness, nvml_idleness
 from gpuguard.agent.follow import Follower
-from gpuguard.agent.kernel_state import KernelState, decode_memory, encode_memory, lasting
+from gpuguard.agent.kernel_state import KernelState, lasting, recall
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.agent.verify_requests import follow_verify_requests
 from gpuguard.checks.base import Check, CheckContext
 from gpuguard.checks.load.checks import DeepGpuCheck
+from gpuguard.checks.load.deep_run import DeepRun
 from gpuguard.config import Config
+from gpuguard.contract.conditions import OWNED_TYPES, PROFILES, Desired, desired_conditions
 from gpuguard.contract.keys import (
     AGENT_CONTROLLER,
     MEMORY_ANNOTATION,
     REPORT_ANNOTATION,
     VERIFY_REQUEST_ANNOTATION,
+)
+from gpuguard.contract.memory import encode_memory
+from gpuguard.contract.report import (
+    DeepEntry,
+    ReportDocument,
+    VerifyEntry,
+    encode_report,
+    layer_entries,
 )
 from gpuguard.contract.times import format_time
 from gpuguard.kube.errors import KubeError, KubeRejected, NodeView
@@ -108,7 +111,6 @@ class Agent:
             idleness=idleness or nvml_idleness(config.deep.idle_utilization_percent),
             on_run=self._take_deep_run,
             metrics=self.metrics,
-            clock=clock,
         )
         self._last_deep: DeepRun | None = None
         self._verify: DeepRun | None = None  # the answer to the latest verify request
@@ -278,7 +280,7 @@ class Agent:
             memory = published.node.annotations.get(MEMORY_ANNOTATION, "")
             published.memory = memory
             published.report = None  # always write a fresh report after (re)starting
-            self._kernel.remember(*decode_memory(memory))
+            self._kernel.remember(*recall(memory, self.node_name))
         report = self.report()
         if report is None:
             return False
@@ -367,17 +369,12 @@ class Agent:
         if memory != (published.memory or ""):
             changes[MEMORY_ANNOTATION] = memory or None
         with self._lock:
-            deep = deep_entries(self._last_deep, self._verify)
-        content = report_layers(report) + json.dumps(deep, sort_keys=True)
+            deep, verify = deep_entries(self._last_deep, self._verify)
+        layers = layer_entries(report)
+        content = encode_report(ReportDocument(layers=layers, deep=deep, verify=verify))
         if refresh or content != published.report:
-            changes[REPORT_ANNOTATION] = json.dumps(
-                {
-                    "reportedAt": _utc_now(precise=True),
-                    "layers": json.loads(report_layers(report)),
-                    **deep,
-                },
-                sort_keys=True,
-            )
+            document = ReportDocument(_utc_now(precise=True), layers, deep, verify)
+            changes[REPORT_ANNOTATION] = encode_report(document)
         if changes:
             self.api.patch_annotations(self.node_name, changes)
             published.memory = memory
@@ -388,43 +385,19 @@ class Agent:
         return max(0.05, self.config.heartbeat_interval_s - since)
 
 
-def report_layers(report: NodeReport) -> str:
-    """Each layer's status, recommended action, codes and GPUs, as canonical JSON; and
-    ``"deferred": true`` when its repair waits for running work (drain and reset)."""
-    layers = {}
-    for layer, health in report.layers.items():
-        problems = health.problems
-        entry: dict[str, object] = {
-            "status": str(health.status),
-            "action": str(health.action),
-            "codes": sorted({f.code for f in problems}),
-            "gpus": sorted({f.component.id for f in problems if f.component.kind == "gpu"}),
-        }
-        if health.deferred:
-            entry["deferred"] = True
-        layers[str(layer)] = entry
-    return json.dumps(layers, sort_keys=True)
-
-
-def deep_entries(last: DeepRun | None, verify: DeepRun | None) -> dict[str, object]:
+def deep_entries(
+    last: DeepRun | None, verify: DeepRun | None
+) -> tuple[DeepEntry | None, VerifyEntry | None]:
     """The report's ``deep`` (the latest run) and ``verify`` (the answer to the latest
-    request, its stamp echoed exactly as the controller wrote it) entries, when there are."""
-    entries: dict[str, object] = {}
+    request, its id echoed exactly as the controller wrote it) entries, when there are."""
+    deep = verified = None
     if last is not None:
-        entries["deep"] = {
-            "at": format_time(last.finished_at),
-            "trigger": last.trigger,
-            "verdict": last.verdict,
-            "codes": last.codes,
-        }
-    if verify is not None:
-        entries["verify"] = {
-            "requestedAt": verify.requested_at,
-            "at": format_time(verify.finished_at),
-            "passed": verify.passed,
-            "codes": verify.codes,
-        }
-    return entries
+        deep = DeepEntry(format_time(last.finished_at), last.trigger, last.verdict, last.codes)
+    if verify is not None and verify.requested_at is not None:
+        verified = VerifyEntry(
+            verify.requested_at, format_time(verify.finished_at), verify.passed, verify.codes
+        )
+    return deep, verified
 
 
 def _utc_now(*, precise: bool = False) -> str:

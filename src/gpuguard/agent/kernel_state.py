@@ -9,7 +9,7 @@ node healthy just because the ring buffer no longer holds the line.
 
 from __future__ import annotations
 
-import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -17,9 +17,12 @@ from collections.abc import Callable, Iterable
 from gpuguard.checks.kernel_incidents import devices_named, findings_for_events
 from gpuguard.checks.kernel_log import KernelEvent, scan
 from gpuguard.checks.xid_catalog import rule_for
-from gpuguard.model import Action, Component, Finding, Layer, Severity
+from gpuguard.contract.errors import ContractError
+from gpuguard.contract.memory import decode_memory
+from gpuguard.model import Finding, Severity
 from gpuguard.model import normalize_pci_bus_id as gpu_id
 
+log = logging.getLogger("gpuguard.agent")
 SOURCE = "kernel-log"
 REMEMBERED_SOURCE = "kernel-log (remembered across agent restart)"
 
@@ -93,49 +96,19 @@ class KernelState:
         return application and now - received > self._ttl
 
 
+def recall(text: str, node: str) -> tuple[str, list[Finding]]:
+    """The boot id and findings stored on the Node; none when there are none, and none
+    (said in the log) when the annotation cannot be read."""
+    if not text:
+        return "", []
+    try:
+        return decode_memory(text, f"Node/{node}", REMEMBERED_SOURCE)
+    except ContractError as exc:
+        log.warning("ignoring the kernel memory: %s", exc)
+        return "", []
+
+
 def lasting(findings: Iterable[Finding]) -> list[Finding]:
     """The findings worth remembering across an agent restart: critical hardware ones."""
     sources = (SOURCE, REMEMBERED_SOURCE)
     return [f for f in findings if f.severity is Severity.CRITICAL and f.source in sources]
-
-
-def encode_memory(boot_id: str, findings: list[Finding]) -> str:
-    return json.dumps(
-        {
-            "bootId": boot_id,
-            "findings": [
-                {
-                    **f.to_dict(),
-                    "componentKind": f.component.kind,
-                    "componentId": f.component.id,
-                    "componentUuid": f.component.uuid,
-                }
-                for f in findings
-            ],
-        },
-        sort_keys=True,
-    )
-
-
-def decode_memory(text: str) -> tuple[str, list[Finding]]:
-    """The boot id and findings stored on the Node; unreadable text gives none."""
-    try:
-        data = json.loads(text)
-        return str(data["bootId"]), [
-            Finding(
-                layer=Layer(item["layer"]),
-                code=str(item["code"]),
-                severity=Severity[str(item["severity"]).upper()],
-                action=Action[str(item["action"])],
-                component=Component(
-                    item["componentKind"], item["componentId"], item.get("componentUuid")
-                ),
-                source=REMEMBERED_SOURCE,
-                message=str(item["message"]),
-                evidence=str(item["evidence"]),
-                deferred=item.get("deferred") is True,
-            )
-            for item in data.get("findings", [])
-        ]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return "", []

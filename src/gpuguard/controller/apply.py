@@ -14,7 +14,6 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
-from gpuguard.contract.times import format_time
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.providers import Provider
@@ -139,8 +138,8 @@ class Applier:
             case Kind.REPLACE:
                 self.provider.replace(decision.node)
             case Kind.REQUEST_VERIFY:
-                if decision.requested_at is not None:
-                    self._annotate(decision.node, format_time(decision.requested_at))
+                if decision.request is not None:
+                    self._annotate(decision.node, decision.request)
             case Kind.CLEAR_VERIFY:
                 self._annotate(decision.node, None)
 

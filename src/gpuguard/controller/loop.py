@@ -56,7 +56,7 @@ def _needs_attention(observed: NodeObservation) -> bool:
     return (
         observed.tainted
         or observed.cordoned_by_us
-        or observed.verify_requested_at is not None
+        or observed.verify_request is not None
         or any(layer.status != "True" for layer in observed.layers.values())
     )
 

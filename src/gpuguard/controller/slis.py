@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuguard.controller.observe import LAYER_OF_TYPE
+from gpuguard.contract.conditions import LAYER_OF_TYPE
 from gpuguard.kube.fleet import is_tainted
 from gpuguard.kube.rest import Json
 from gpuguard.sli import TimeShare, in_service

@@ -18,7 +18,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Mapping
 
-from gpuguard.remediation.health import FALSE
+from gpuguard.contract.conditions import FALSE
 from gpuguard.remediation.model import NodeObservation
 from gpuguard.remediation.policy import Correlation
 

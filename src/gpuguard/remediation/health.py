@@ -8,15 +8,29 @@ so a flapping node keeps its taint (flap damping).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+from gpuguard.contract.conditions import FALSE, TRUE
+from gpuguard.contract.report import LayerReport
 from gpuguard.model import Action
 from gpuguard.remediation.history import History
-from gpuguard.remediation.model import Episode, LayerReport, NodeObservation
+from gpuguard.remediation.model import Episode, NodeObservation
 from gpuguard.remediation.policy import Policy
 
-TRUE = "True"
-FALSE = "False"
+
+def as_policy_reads(layer: LayerReport) -> LayerReport:
+    """A layer whose condition is ``True`` but whose report asks for a repair is a
+    problem to work on: Degraded with an action (a job's fault: kill it), or a deferred
+    repair under a profile that keeps the condition True (eks). The condition stays True
+    so that Karpenter never replaces a node for a job's bug or for a drain and reset."""
+    status = layer.status
+    if status == TRUE and layer.action > Action.NONE and (layer.degraded or layer.deferred):
+        status = FALSE
+    deferred = layer.deferred and status == FALSE
+    if (status, deferred) == (layer.status, layer.deferred):
+        return layer
+    return dataclasses.replace(layer, status=status, deferred=deferred)
 
 
 def false_layers(node: NodeObservation) -> list[LayerReport]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from gpuguard.contract.verify import VerifyAnswer, request_id, requested_time
 from gpuguard.model import Action
 from gpuguard.remediation.budget import BudgetLedger
 from gpuguard.remediation.correlation import SharedCauses, own_faults
@@ -35,7 +36,6 @@ from gpuguard.remediation.model import (
     Phase,
     Resolution,
     Step,
-    VerifyAnswer,
 )
 from gpuguard.remediation.policy import Policy
 
@@ -80,11 +80,9 @@ class PlanBuilder:
         action: Action | None = None,
         gpus: tuple[str, ...] = (),
         attempt: int = 0,
-        requested_at: float | None = None,
+        request: str | None = None,
     ) -> None:
-        self.decisions[node].append(
-            Decision(kind, node, reason, action, gpus, attempt, requested_at)
-        )
+        self.decisions[node].append(Decision(kind, node, reason, action, gpus, attempt, request))
 
     def record(self, episode: Episode, message: str, phase: Phase | None = None) -> None:
         """Enter ``phase`` (its clock restarts), add a step, write it ahead of its actions."""
@@ -113,7 +111,7 @@ class PlanBuilder:
             self.emit(Kind.UNTAINT, node.name, "healthy, no open episode: leftover taint")
         if node.cordoned_by_us:
             self.emit(Kind.UNCORDON, node.name, "healthy, no open episode: leftover cordon")
-        if node.verify_requested_at is not None:
+        if node.verify_request is not None:
             self.emit(Kind.CLEAR_VERIFY, node.name, "no open episode: leftover verify request")
 
     def close(
@@ -127,7 +125,7 @@ class PlanBuilder:
         self.emit(Kind.UNTAINT, node.name, f"{resolution}: {why}")
         if episode.cordoned_by_us or node.cordoned_by_us:
             self.emit(Kind.UNCORDON, node.name, f"{resolution}: {why}")
-        if node.verify_requested_at is not None:
+        if node.verify_request is not None:
             self.emit(Kind.CLEAR_VERIFY, node.name, f"{resolution}: {why}")
 
     # -- the episode's life cycle ------------------------------------------------------
@@ -255,8 +253,9 @@ class PlanBuilder:
         fresh = node.reported_at is not None and node.reported_at > done
         healthy = fresh and is_healthy(node, self.policy, self.now)
         gated = self.policy.verify.applies_to(episode.rung)
-        # The request of this phase is stamped with its start: an older answer is stale.
-        answer = verify_since(node, episode.phase_since) if gated else None
+        # The request of this phase is named after its start: another answer is stale.
+        request = request_id(episode.phase_since)
+        answer = _answer_to(node, request) if gated else None
         waited = self.now - episode.phase_since
         label = _label(episode)
         if answer is not None and not answer.passed:
@@ -273,12 +272,12 @@ class PlanBuilder:
         elif gated and answer is None and waited > self.policy.verify.timeout_s:
             timeout = self.policy.verify.timeout_s
             self.try_start(episode, node, f"no deep verify answer {timeout:g}s after {label}")
-        elif gated and answer is None and not _requested_since(node, episode.phase_since):
+        elif gated and answer is None and node.verify_request != request:
             self.emit(
                 Kind.REQUEST_VERIFY,
                 node.name,
                 f"deep verify after {label}",
-                requested_at=episode.phase_since,
+                request=request,
             )
 
     def healthy_unverified(self, episode: Episode, node: NodeObservation) -> None:
@@ -385,5 +384,13 @@ def verify_since(node: NodeObservation, since: float) -> VerifyAnswer | None:
     return answer if answer is not None and answer.requested_at >= since else None
 
 
+def _answer_to(node: NodeObservation, request: str) -> VerifyAnswer | None:
+    answer = node.verify
+    return answer if answer is not None and answer.request == request else None
+
+
 def _requested_since(node: NodeObservation, since: float) -> bool:
-    return node.verify_requested_at is not None and node.verify_requested_at >= since
+    if node.verify_request is None:
+        return False
+    at = requested_time(node.verify_request)
+    return at is not None and at >= since

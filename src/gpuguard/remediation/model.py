@@ -13,34 +13,11 @@ from enum import StrEnum
 # The phases and resolutions are the NodeRemediation's own words (its schema's enums).
 from gpuguard.contract.remediation import Phase as Phase
 from gpuguard.contract.remediation import Resolution as Resolution
+from gpuguard.contract.report import LayerReport
+from gpuguard.contract.verify import VerifyAnswer
 from gpuguard.model import Action
 
 ACTIVE_PHASES = (Phase.DRAINING, Phase.ACTING, Phase.VERIFYING)  # count against the budget
-
-
-@dataclass(frozen=True)
-class LayerReport:
-    """One layer as the agent last reported it (condition plus the report annotation)."""
-
-    status: str  # "True", "False", "Unknown"
-    reason: str
-    since: float  # lastTransitionTime
-    action: Action = Action.NONE  # the highest rung the layer's findings recommend
-    codes: tuple[str, ...] = ()
-    gpus: tuple[str, ...] = ()  # PCI bus ids of the GPUs the findings name
-    # False only for repairs that wait for running work (drain and reset): the controller
-    # admits no new work, lets the running pods finish (policy ``drain_and_reset``), then
-    # carries the repair out.
-    deferred: bool = False
-
-
-@dataclass(frozen=True)
-class VerifyAnswer:
-    """The agent's answer to a verify request: the deep suite's verdict after a repair."""
-
-    requested_at: float  # the stamp of the request it answers, as the controller wrote it
-    passed: bool
-    codes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,7 +38,7 @@ class NodeObservation:
     # pod when none is named); counted only while such an episode waits in QUARANTINED.
     pods_on_gpus: int = 0
     exists: bool = True
-    verify_requested_at: float | None = None  # the verify request on the Node, if any
+    verify_request: str | None = None  # the id of the verify request on the Node, if any
     verify: VerifyAnswer | None = None  # the agent's latest verify answer
     domain: str = ""  # value of the correlation's domain label (a rack; "": never grouped)
 
@@ -121,7 +98,7 @@ class DecisionKind(StrEnum):
     EVICT_PODS = "EvictPods"  # drain: all evictable pods, or only those on ``gpus``
     KILL_PODS = "KillPods"  # KILL_JOB: delete the pods on ``gpus`` (DisruptionTarget first)
     REQUEST_ACTION = "RequestAction"  # ask the node's agent: RESET_GPU (``gpus``) or REBOOT
-    REQUEST_VERIFY = "RequestVerify"  # ask the node's agent for the deep suite (``requested_at``)
+    REQUEST_VERIFY = "RequestVerify"  # ask the node's agent for the deep suite (``request``)
     CLEAR_VERIFY = "ClearVerify"  # remove a verify request once its episode is over
     REPLACE = "Replace"  # delete the NodeClaim (or the provider's equivalent)
     RECORD = "Record"  # persist the episode (every phase change) and emit an Event
@@ -135,7 +112,7 @@ class Decision:
     action: Action | None = None
     gpus: tuple[str, ...] = ()
     attempt: int = 0
-    requested_at: float | None = None  # REQUEST_VERIFY: the request's stamp
+    request: str | None = None  # REQUEST_VERIFY: the request's id (contract.verify)
 
 
 @dataclass(frozen=True)

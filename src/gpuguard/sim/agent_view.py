@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuguard.agent.conditions import PROFILES, desired_conditions
-from gpuguard.agent.daemon import report_layers
-from gpuguard.agent.deep import DeepRun
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
 from gpuguard.checks.kernel_log import classify_log, parse_line, scan
 from gpuguard.checks.load.backend import DeviceInfo
+from gpuguard.checks.load.deep_run import DeepRun
 from gpuguard.checks.load.figures import expected_for, load_table
 from gpuguard.checks.load.judge import SOURCE as DEEP_CHECK
 from gpuguard.checks.load.judge import judge
@@ -29,10 +26,10 @@ from gpuguard.checks.load.measure import DeviceMeasurement, NodeMeasurement
 from gpuguard.checks.network import PortRecord, evaluate_ports
 from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.config import DeepChecks
-from gpuguard.contract.keys import REPORT_ANNOTATION
-from gpuguard.controller.observe import project_node
+from gpuguard.contract.conditions import PROFILES
+from gpuguard.contract.report import LayerReport, layer_reports
 from gpuguard.model import CheckResult, Layer, Outcome, Severity
-from gpuguard.remediation.model import LayerReport
+from gpuguard.remediation.health import as_policy_reads
 from gpuguard.runner import assess, inconclusive_result
 from gpuguard.sim.faults import GPU_BUS, Signal, gpu_bus_id
 
@@ -184,26 +181,9 @@ def _classify(signals: NodeSignals) -> Verdict:
         ),
     ]
     report = assess(results, fail_closed=True)
-    names = PROFILES[PROFILE]
-    node = {
-        "metadata": {
-            "name": "simulated",
-            "annotations": {
-                REPORT_ANNOTATION: json.dumps(
-                    {"reportedAt": "", "layers": json.loads(report_layers(report))}
-                )
-            },
-        },
-        "status": {
-            "conditions": [
-                {"type": d.type, "status": d.status, "reason": d.reason}
-                for d in desired_conditions(report.layers, PROFILE)
-            ]
-        },
-    }
-    observed = project_node(node, POOL_LABEL)
-    assert set(observed.layers) == {str(layer) for layer in names}
-    return Verdict(dict(observed.layers))
+    layers = layer_reports(report, PROFILE)
+    assert set(layers) == {str(layer) for layer in PROFILES[PROFILE]}
+    return Verdict({name: as_policy_reads(layer) for name, layer in layers.items()})
 
 
 def _gpu_result(checked: tuple[tuple[Signal, int], ...]) -> CheckResult:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpuguard.remediation.model import VerifyAnswer
+from gpuguard.contract.verify import VerifyAnswer
 from gpuguard.sim.agent_view import GPUS, DeepFinding
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import HOUR, Effect, Fault
@@ -36,7 +36,7 @@ class DeepSuite:
         self.rng = np.random.default_rng([engine.scenario.seed, 3])
         self.due: set[int] = set()
         self.free_since: dict[int, float] = {}  # when each slot last became free (else 0)
-        self.requests: dict[int, float] = {}  # the verify request on each Node
+        self.requests: dict[int, str] = {}  # the id of the verify request on each Node
         self.answers: dict[int, VerifyAnswer] = {}  # each agent's latest verify answer
         if self.config.interval_h is not None:
             engine.on_idle = self._idle
@@ -51,7 +51,7 @@ class DeepSuite:
         if self.config.interval_h is not None:
             self._schedule(slot, self.config.interval_h * HOUR)
 
-    def request_verify(self, slot: Slot, stamp: float) -> None:
+    def request_verify(self, slot: Slot, stamp: str) -> None:
         if self.requests.get(slot.index) == stamp:
             return  # re-sent until seen
         self.requests[slot.index] = stamp
@@ -105,7 +105,7 @@ class DeepSuite:
             and not slot.testing
         )
 
-    def _pickup(self, slot: Slot, machine: int | None, stamp: float) -> None:
+    def _pickup(self, slot: Slot, machine: int | None, stamp: str) -> None:
         if slot.machine != machine or self.requests.get(slot.index) != stamp:
             return
         if slot.testing or slot.down or slot.notready:  # after the run or repair under way
@@ -116,7 +116,7 @@ class DeepSuite:
 
     # -- one run ----------------------------------------------------------------------
 
-    def _start(self, slot: Slot, stamp: float | None) -> None:
+    def _start(self, slot: Slot, stamp: str | None) -> None:
         engine = self.engine
         engine.stats.deep_runs["schedule" if stamp is None else "verify"] += 1
         # The run loads the GPUs: the agent measures idleness anew from its end.
@@ -124,7 +124,7 @@ class DeepSuite:
         engine.start_test(slot, self.config.duration_s)
         engine.at(engine.now + self.config.duration_s, self._finish, slot, slot.machine, stamp)
 
-    def _finish(self, slot: Slot, machine: int | None, stamp: float | None) -> None:
+    def _finish(self, slot: Slot, machine: int | None, stamp: str | None) -> None:
         if slot.machine != machine:
             return  # replaced meanwhile
         engine = self.engine

@@ -16,6 +16,7 @@ import dataclasses
 import math
 from collections import Counter
 
+from gpuguard.contract.report import LayerReport
 from gpuguard.model import Action
 from gpuguard.remediation.budget import holds_slot
 from gpuguard.remediation.decide import decide
@@ -25,7 +26,6 @@ from gpuguard.remediation.model import (
     BreakerState,
     DecisionKind,
     Episode,
-    LayerReport,
     NodeObservation,
     Phase,
     Plan,
@@ -188,7 +188,7 @@ class GpuguardPolicy:
                 cordoned_by_us=index in self.ours,
                 pods_to_move=moving,
                 pods_on_gpus=running,
-                verify_requested_at=self.deep.requests.get(index),
+                verify_request=self.deep.requests.get(index),
                 verify=self.deep.answers.get(index),
                 domain=f"rack-{index // self.engine.scenario.fleet.nodes_per_rack}",
             )
@@ -249,8 +249,8 @@ class GpuguardPolicy:
                     self._count_false_drain(slot, opened)
                     gpus = tuple(_GPU_INDEX[g] for g in decision.gpus if g in _GPU_INDEX)
                     engine.repair(slot, what, gpus=gpus)
-            elif kind is K.REQUEST_VERIFY and decision.requested_at is not None:
-                self.deep.request_verify(slot, decision.requested_at)
+            elif kind is K.REQUEST_VERIFY and decision.request is not None:
+                self.deep.request_verify(slot, decision.request)
             elif kind is K.CLEAR_VERIFY:
                 self.deep.clear_verify(slot)
             elif kind is K.REPLACE and self._first(
