@@ -33,6 +33,11 @@ unit: venv
 
 test: lint typecheck unit
 
+# The chart's CRD, generated from the wire model (tests/unit/test_contract_crd.py checks it).
+.PHONY: crds
+crds: venv
+	$(BIN)/python -m gpuguard.contract.crd deploy/helm/gpuguard/crds/noderemediations.yaml
+
 bench: venv
 	$(BIN)/python bench/kernel_log_scan.py
 	$(BIN)/python bench/check_bundle.py

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from gpuguard.contract.errors import ContractError
 from gpuguard.kube import remediations
 from gpuguard.kube.rest import KubeApi, KubeConflict, KubeRefused, Resource, load_api
 from gpuguard.model import Action
@@ -179,6 +180,34 @@ def test_the_schema_rejects_what_the_controller_would_never_write(api):
         api.patch(path, {"status": {"closedAt": "yesterday"}})
     with pytest.raises(KubeRefused, match="immutable"):
         api.patch(remediations.NODE_REMEDIATIONS.path(name), {"spec": {"nodeName": "other"}})
+
+
+def test_a_malformed_object_is_one_error_naming_it_and_the_field():
+    obj = remediations.episode_to_object(full_episode("gpu-malformed"))
+    obj["status"]["steps"][1]["phase"] = "Rebooting"
+    with pytest.raises(ContractError) as error:
+        remediations.episode_from_object(obj)
+    assert error.value.obj == f"NodeRemediation/{obj['metadata']['name']}"
+    assert error.value.field == "status.steps[1].phase"
+
+
+def test_an_object_the_controller_cannot_read_is_skipped_and_kept(api):
+    # The schema takes any step phase; the controller reads only its own.
+    day = 86400.0
+    ep = Episode(node=node_name(), opened_at=T0 - 100 * day, phase=Phase.CLOSED)
+    ep.closed_at, ep.resolution = T0 - 100 * day, Resolution.TRANSIENT
+    remediations.save_episode(api, ep)
+    name = remediations.object_name(ep.node, ep.opened_at)
+    step = {"at": "2026-08-21T19:00:00Z", "phase": "Rebooting", "message": "not ours"}
+    api.patch(
+        remediations.NODE_REMEDIATIONS.path(name, sub="status"), {"status": {"steps": [step]}}
+    )
+
+    open_by_node, closed = remediations.list_episodes(api)
+    assert ep.node not in open_by_node
+    assert all(other.node != ep.node for other in closed)
+    remediations.delete_closed_before(api, T0 - 99 * day)
+    assert stored(api, ep)["metadata"]["name"] == name  # left for a person to see
 
 
 def test_kubectl_columns(api, control_plane):
