@@ -43,6 +43,7 @@ bench: venv
 	$(BIN)/python bench/check_bundle.py
 	$(BIN)/python bench/simulate.py --quick
 	$(BIN)/python bench/checkpoint_cost.py
+	$(BIN)/python bench/node_list_decode.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
