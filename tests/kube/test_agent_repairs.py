@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuguard.agent import repair
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.kube import remediations
 from gpuguard.kube.rest import KubeApi, load_api
@@ -45,26 +44,30 @@ def answer(api: KubeApi, name: str) -> dict[str, object] | None:
     return dict(result) if result else None
 
 
-def start_executor(client: KubeApi, node: str, repairs: Path) -> Running:
-    return Running(RepairExecutor(client, node, BundleRepair(repairs), lambda *_: None).run)
+def executor_for(client: KubeApi, node: str, repairs: Path, **reads_s: float) -> RepairExecutor:
+    """``reads_s``: the executor's ``poll_s`` and ``resync_s``."""
+    return RepairExecutor(client, node, BundleRepair(repairs), lambda *_: None, **reads_s)
+
+
+def failed_reads(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("reading repair requests failed" in r.getMessage() for r in caplog.records)
 
 
 def test_a_request_is_performed_when_it_is_written_not_at_the_next_poll(
-    api, control_plane, tmp_path, monkeypatch
+    api, control_plane, tmp_path
 ):
     # Reads an hour apart: only the watch can wake the executor in time.
-    monkeypatch.setattr(repair, "POLL_S", 3600.0)
-    monkeypatch.setattr(repair, "RESYNC_S", 3600.0)
     node, repairs = node_name(), tmp_path / "repairs.log"
     with load_api(control_plane.admin_kubeconfig) as client:
-        executor = start_executor(client, node, repairs)
-        time.sleep(1.0)  # its first read done and the watch open
+        executor = executor_for(client, node, repairs, poll_s=3600.0, resync_s=3600.0)
+        running = Running(executor.run)
+        wait_for(executor.watching.is_set, 5, "the watch open")
         written = time.monotonic()
         name = request_action(api, node)
         wait_for(repairs.exists, 5, "the reset")
         result = wait_for(lambda: answer(api, name), 5, "the answer")
         assert time.monotonic() - written < 5
-        executor.halt()
+        running.halt()
     assert repairs.read_text() == f"reset {GPU}\n"
     assert result["action"] == "RESET_GPU" and result["succeeded"] is True
 
@@ -101,9 +104,8 @@ def limited_account(api: KubeApi, namespace: str, control_plane: ControlPlane, t
 
 
 def test_without_watch_rights_it_polls_and_an_unwritten_answer_is_written_later(
-    api, limited_account, tmp_path, monkeypatch, caplog
+    api, limited_account, tmp_path, caplog
 ):
-    monkeypatch.setattr(repair, "POLL_S", 0.2)
     kubeconfig, grant = limited_account
     node, repairs = node_name(), tmp_path / "repairs.log"
     name = request_action(api, node)
@@ -111,36 +113,36 @@ def test_without_watch_rights_it_polls_and_an_unwritten_answer_is_written_later(
         caplog.at_level(logging.INFO, logger="gpuguard.agent"),
         load_api(kubeconfig) as client,
     ):
-        executor = start_executor(client, node, repairs)
+        running = Running(executor_for(client, node, repairs, poll_s=0.2).run)
         wait_for(repairs.exists, 10, "the reset, found by polling")
-        time.sleep(1.0)  # several polls, each refused the answer
+        wait_for(lambda: failed_reads(caplog) >= 3, 10, "several polls, each refused the answer")
         assert answer(api, name) is None
         grant("noderemediations/status", ["patch"])
         result = wait_for(lambda: answer(api, name), 10, "the answer, once allowed")
-        executor.halt()
+        running.halt()
     assert result["succeeded"] is True
     assert repairs.read_text() == f"reset {GPU}\n", "the repair must not be repeated"
     warnings = [r.getMessage() for r in caplog.records if "cannot watch" in r.getMessage()]
     assert len(warnings) == 1 and "403" in warnings[0], warnings
 
 
-def test_a_reboot_waits_until_its_answer_can_be_written(
-    api, limited_account, tmp_path, monkeypatch
-):
+def test_a_reboot_waits_until_its_answer_can_be_written(api, limited_account, tmp_path, caplog):
     # Once the reboot starts the agent may not get to write, so it answers first; an
     # answer the API server refuses means no reboot yet, and a later read tries both again.
-    monkeypatch.setattr(repair, "POLL_S", 0.2)
     kubeconfig, grant = limited_account
     node, repairs = node_name(), tmp_path / "repairs.log"
     name = request_action(api, node, Action.REBOOT)
-    with load_api(kubeconfig) as client:
-        executor = start_executor(client, node, repairs)
-        time.sleep(1.5)  # several reads, each answer refused
+    with (
+        caplog.at_level(logging.INFO, logger="gpuguard.agent"),
+        load_api(kubeconfig) as client,
+    ):
+        running = Running(executor_for(client, node, repairs, poll_s=0.2).run)
+        wait_for(lambda: failed_reads(caplog) >= 3, 10, "several reads, each answer refused")
         assert not repairs.exists(), "rebooted without having said so"
         grant("noderemediations/status", ["patch"])
         result = wait_for(lambda: answer(api, name), 10, "the answer, once allowed")
         wait_for(repairs.exists, 5, "the reboot")
-        executor.halt()
+        running.halt()
     assert result["action"] == "REBOOT" and result["message"] == "reboot started"
     assert repairs.read_text() == "reboot\n"
 

@@ -10,15 +10,12 @@ import uuid
 
 import yaml
 
-from gpuguard.controller import loop
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.rest import load_api
 from tests.support.controllers import new_controller
 
 
-def test_a_refused_watch_backs_off_and_warns_once(
-    api, namespace, control_plane, tmp_path, caplog, monkeypatch
-):
+def test_a_refused_watch_backs_off_and_warns_once(api, namespace, control_plane, tmp_path, caplog):
     account = f"no-rights-{uuid.uuid4().hex[:6]}"
     api.create(
         f"/api/v1/namespaces/{namespace}/serviceaccounts",
@@ -27,7 +24,6 @@ def test_a_refused_watch_backs_off_and_warns_once(
     kubeconfig = tmp_path / "no-rights.kubeconfig"
     token = control_plane.service_account_token(namespace, account)
     kubeconfig.write_text(yaml.safe_dump(control_plane.kubeconfig_for_token(token)))
-    monkeypatch.setattr(loop, "RETRY_S", 0.05)  # a streak of refusals inside the test
     calls = []
     with load_api(kubeconfig) as refused_api:
         original = refused_api.list
@@ -37,7 +33,8 @@ def test_a_refused_watch_backs_off_and_warns_once(
             return original(*args, **kwargs)
 
         refused_api.list = counted  # type: ignore[method-assign]
-        controller = new_controller(refused_api, namespace)
+        # Short pauses: a streak of refusals inside the test.
+        controller = new_controller(refused_api, namespace, retry_s=0.05)
         stop = threading.Event()
         with caplog.at_level(logging.WARNING, logger="gpuguard.controller"):
             follower = threading.Thread(
@@ -46,7 +43,7 @@ def test_a_refused_watch_backs_off_and_warns_once(
                 daemon=True,
             )
             follower.start()
-            time.sleep(2.0)
+            time.sleep(2.0)  # the window the tries are counted in: a rate needs a span of time
             stop.set()
             follower.join(5)
 

@@ -60,6 +60,7 @@ from gpuguard.remediation.model import (
     Step,
 )
 from gpuguard.remediation.policy import Breaker, Budget, Policy, build_policy, load_policy
+from tests.support.clock import FakeClock
 from tests.support.cluster import install_crds, make_pod, wait_for
 from tests.support.controlplane import REPO, ControlPlane
 
@@ -644,7 +645,9 @@ def test_controller_evicts_and_kills_pods_on_any_namespace(controller, admin_api
     evicted = admin_api.get(f"/api/v1/namespaces/{WORK}/pods/evictee")
     assert evicted["metadata"].get("deletionTimestamp")
 
-    counts = drain.kill_pods(controller, [by_name["training"]], "XID_79 on 0000:91:00.0")
+    counts = drain.kill_pods(
+        controller, [by_name["training"]], "XID_79 on 0000:91:00.0", now=time.time()
+    )
     assert (counts.evicted, counts.failed) == (1, 0), counts.problems
     killed = admin_api.get(f"/api/v1/namespaces/{WORK}/pods/training")
     assert killed["metadata"].get("deletionTimestamp")
@@ -690,13 +693,16 @@ def test_controller_records_episodes_and_events(controller, admin_api, nodes):
 
 
 def test_controller_holds_its_lease_and_breaker_state(controller, installed):
-    elector = LeaderElector(controller, NAMESPACE, LEASE_NAME, "fleet-controller-0")
     now = time.time()
-    assert elector.try_acquire_or_renew(now)  # creates the Lease
-    assert elector.try_acquire_or_renew(now + 5)  # renews it (get + update)
+    clock = FakeClock(now)
+    elector = LeaderElector(controller, NAMESPACE, LEASE_NAME, "fleet-controller-0", clock=clock)
+    assert elector.try_acquire_or_renew()  # creates the Lease
+    clock.step(5)
+    assert elector.try_acquire_or_renew()  # renews it (get + update)
     elector.release()
-    rival = LeaderElector(controller, NAMESPACE, LEASE_NAME, "fleet-controller-1")
-    assert rival.try_acquire_or_renew(now + 6)  # released: taken at once
+    rival = LeaderElector(controller, NAMESPACE, LEASE_NAME, "fleet-controller-1", clock=clock)
+    clock.step(1)
+    assert rival.try_acquire_or_renew()  # released: taken at once
 
     store = BreakerStore(controller, NAMESPACE)
     store.load()
@@ -925,7 +931,7 @@ def test_dry_run_role_records_but_cannot_disrupt(
         fleet.taint(controller, fleet.get_node(controller, NODE_A))
     counts = drain.evict_pods(controller, [pod])
     assert counts.failed == 1 and counts.evicted == 0
-    counts = drain.kill_pods(controller, [pod], "dry run")
+    counts = drain.kill_pods(controller, [pod], "dry run", now=time.time())
     assert counts.failed == 1
     assert not admin_api.get(f"/api/v1/namespaces/{WORK}/pods/bystander")["metadata"].get(
         "deletionTimestamp"

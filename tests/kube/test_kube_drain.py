@@ -275,7 +275,7 @@ def test_kill_pods_spares_a_new_pod_that_took_the_name(api, control_plane, make_
     )
     new = make_pod("worker")
 
-    counts = drain.kill_pods(api, [old], "KILL_JOB")
+    counts = drain.kill_pods(api, [old], "KILL_JOB", now=time.time())
 
     assert counts == drain.DrainCounts(evicted=1)  # the pod meant is gone: job done
     now = fetch(api, new)

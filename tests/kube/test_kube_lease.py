@@ -13,6 +13,8 @@ import pytest
 from gpuguard.errors import ConfigError
 from gpuguard.kube.lease import LeaderElector, start_leader_election
 from gpuguard.kube.rest import KubeApi, load_api
+from tests.support.clock import FakeClock
+from tests.support.cluster import wait_for
 from tests.support.controlplane import ControlPlane
 
 NAMESPACE = "default"
@@ -31,29 +33,30 @@ def lease_name() -> str:
 
 
 def test_one_leader_and_failover_when_it_stops_renewing(api, control_plane, lease_name):
-    first = LeaderElector(api, NAMESPACE, lease_name, "replica-a", **FAST)
-    second = LeaderElector(api, NAMESPACE, lease_name, "replica-b", **FAST)
-    assert first.try_acquire_or_renew(time.time())
-    assert not second.try_acquire_or_renew(time.time())
+    # Expiry is judged on each replica's own clock, never the server's: a stepped clock
+    # plays out the lease without waiting for it.
+    clock = FakeClock(time.time())
+    first = LeaderElector(api, NAMESPACE, lease_name, "replica-a", clock=clock, **FAST)
+    second = LeaderElector(api, NAMESPACE, lease_name, "replica-b", clock=clock, **FAST)
+    assert first.try_acquire_or_renew()
+    assert not second.try_acquire_or_renew()
 
     # Both campaign for a while: the leader renews, the other never gets in.
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        assert first.try_acquire_or_renew(time.time())
-        assert not second.try_acquire_or_renew(time.time())
-        time.sleep(0.1)
+    for _ in range(30):
+        clock.step(0.1)
+        assert first.try_acquire_or_renew()
+        assert not second.try_acquire_or_renew()
 
     # The leader hangs (stops renewing); only the candidate keeps trying.
-    stopped_at = time.time()
+    stopped_at = clock.monotonic()
     took_over_at = None
-    while time.time() - stopped_at < 6:
-        now = time.time()
-        won = second.try_acquire_or_renew(now)
-        assert not (won and first.is_leader(now)), "two leaders at once"
+    while clock.monotonic() - stopped_at < 6:
+        clock.step(0.05)
+        won = second.try_acquire_or_renew()
+        assert not (won and first.is_leader()), "two leaders at once"
         if won:
-            took_over_at = now
+            took_over_at = clock.monotonic()
             break
-        time.sleep(0.05)
     assert took_over_at is not None
     last_renewal = first.renewed_at
     assert last_renewal is not None
@@ -69,7 +72,7 @@ def test_one_leader_and_failover_when_it_stops_renewing(api, control_plane, leas
     assert spec["leaseDurationSeconds"] == 2
     assert spec["leaseTransitions"] == 1
     assert spec["acquireTime"] == spec["renewTime"]
-    assert not first.try_acquire_or_renew(time.time())  # the old leader sees it lost
+    assert not first.try_acquire_or_renew()  # the old leader sees it lost
 
 
 def test_never_two_leaders_while_campaigning_in_threads(api, lease_name):
@@ -93,10 +96,11 @@ def test_never_two_leaders_while_campaigning_in_threads(api, lease_name):
             )
         )
 
+    # Sampled over real time: these threads wait on the system clock, and 3 s spans many
+    # renewals and more than one lease.
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        now = time.time()
-        assert sum(e.is_leader(now) for e in electors) <= 1
+        assert sum(e.is_leader() for e in electors) <= 1
         time.sleep(0.02)
     with lock:
         assert [event for event, _ in log] == ["started"]
@@ -119,9 +123,7 @@ def test_never_two_leaders_while_campaigning_in_threads(api, lease_name):
         )
         for e in others
     ]
-    while time.time() - released_at < 1.5 and not any(e.is_leader(time.time()) for e in others):
-        time.sleep(0.02)
-    assert any(e.is_leader(time.time()) for e in others)
+    wait_for(lambda: any(e.is_leader() for e in others), 1.5, "a new leader")
     assert time.time() - released_at < 1.5  # well under the 2 s lease
     stop_one.set()
     for thread in restarted:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuguard.controller.loop import Controller
+from gpuguard.controller.loop import RETRY_S, Controller
 from gpuguard.controller.providers import provider_for
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi
@@ -42,7 +42,13 @@ class Running:
 
 
 def new_controller(
-    api: KubeApi, namespace: str, provider: str = "karpenter", dry_run: bool = False, **policy: Any
+    api: KubeApi,
+    namespace: str,
+    provider: str = "karpenter",
+    dry_run: bool = False,
+    *,
+    retry_s: float = RETRY_S,
+    **policy: Any,
 ) -> Controller:
     """A controller with the fast test policy (``policy`` overrides its fields)."""
     return Controller(
@@ -53,6 +59,7 @@ def new_controller(
         identity=f"test-{uuid.uuid4().hex[:6]}",
         dry_run=dry_run,
         resync_s=0.2,
+        retry_s=retry_s,
         lease_s=3,
         renew_s=1,
     )

@@ -32,7 +32,9 @@ from gpuguard.config import Config
 from gpuguard.errors import ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Outcome, Severity, Status
 from gpuguard.sources import BundleSources
+from tests.support.clock import FakeClock
 from tests.support.cluster import wait_for
+from tests.support.metrics import sample
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 IDLE = Idleness(Activity.IDLE)
@@ -130,8 +132,10 @@ def test_runs_every_interval_while_idle(schedule):
     _, runs, metrics = schedule(check, fast_config())
     wait_for(lambda: len(runs) >= 3, 5, "three scheduled runs")
     assert all(r.trigger == "schedule" and r.passed and r.requested_at is None for r in runs)
-    assert metrics.deep_runs.labels("schedule", "passed")._value.get() >= 3
-    assert metrics.deep_last_run.labels("schedule")._value.get() == pytest.approx(
+    runs_total = "gpuguard_deep_check_runs_total"
+    assert sample(metrics.registry, runs_total, trigger="schedule", verdict="passed") >= 3
+    last_run = "gpuguard_deep_check_last_run_timestamp_seconds"
+    assert sample(metrics.registry, last_run, trigger="schedule") == pytest.approx(
         time.time(), abs=5
     )
 
@@ -141,8 +145,12 @@ def test_busy_or_unknown_gpus_put_the_run_off_and_say_why_once(schedule, caplog,
     caplog.set_level(logging.INFO, "gpuguard.agent")
     check = FakeDeepCheck()
     _, runs, metrics = schedule(check, fast_config(), idleness=lambda: idleness)
-    skipped = metrics.deep_skipped.labels(str(idleness.activity))
-    wait_for(lambda: skipped._value.get() >= 3, 5, "three skips")
+    reason = str(idleness.activity)
+
+    def skips() -> float:
+        return sample(metrics.registry, "gpuguard_deep_check_skipped_total", reason=reason)
+
+    wait_for(lambda: skips() >= 3, 5, "three skips")
     assert check.runs == 0 and runs == []
     lines = [r.message for r in caplog.records if "waits" in r.message]
     assert lines == [f"scheduled deep check waits: {idleness.why}"]
@@ -155,9 +163,12 @@ def test_without_pytorch_the_schedule_stops_after_one_try(schedule, caplog):
         raise ToolMissing("PyTorch is not installed")
 
     check = FakeDeepCheck(no_torch)
-    deep, runs, _ = schedule(check, fast_config())
-    wait_for(lambda: runs, 5, "the first run")
-    time.sleep(0.4)  # eight intervals
+    node = Node()
+    deep, stamped = stepped(fast_config(), node, check)
+    advance(deep, node, 0.05)  # the first run, which ends the schedule
+    node.step(0.4)  # eight intervals later
+    assert deep.step() is None  # nothing scheduled: it waits to be woken
+    runs = [run for _, run in stamped]
     assert check.runs == 1
     assert runs[0].verdict == "tool_missing" and runs[0].codes == ["TOOL_MISSING"]
     assert not runs[0].passed
@@ -166,26 +177,31 @@ def test_without_pytorch_the_schedule_stops_after_one_try(schedule, caplog):
 
     # A verify is still answered, and fails: no PyTorch never passes.
     deep.request_verify("2025-01-01T00:00:00.5Z")
-    answer = wait_for(lambda: [r for r in runs if r.trigger == "verify"], 5, "the verify")[0]
+    deep.step()
+    answer = next(run for _, run in stamped if run.trigger == "verify")
     assert answer.requested_at == "2025-01-01T00:00:00.5Z" and not answer.passed
 
 
-def test_verify_runs_at_once_on_busy_gpus_and_answers_each_stamp_once(schedule):
-    check = FakeDeepCheck()
-    deep, runs, metrics = schedule(check, Config(), idleness=lambda: BUSY)  # no schedule
+def test_verify_runs_at_once_on_busy_gpus_and_answers_each_stamp_once():
+    check, node, metrics = FakeDeepCheck(), Node(), AgentMetrics()
+    node.busy = [(0, float("inf"))]
+    deep, stamped = stepped(Config(), node, check, metrics)  # no schedule
     deep.request_verify("2025-01-01T00:00:01Z")
-    (answer,) = wait_for(lambda: runs, 5, "the verify")
+    deep.step()
+    ((_, answer),) = stamped
     assert (answer.trigger, answer.requested_at, answer.passed) == (
         "verify",
         "2025-01-01T00:00:01Z",
         True,
     )
     deep.request_verify("2025-01-01T00:00:01Z")  # seen again at the next heartbeat
-    time.sleep(0.2)
+    deep.step()
     assert check.runs == 1
     deep.request_verify("2025-01-01T00:00:09Z")  # a new request
-    wait_for(lambda: check.runs == 2, 5, "the second verify")
-    assert metrics.deep_runs.labels("verify", "passed")._value.get() == 2
+    deep.step()
+    assert check.runs == 2
+    runs_total = "gpuguard_deep_check_runs_total"
+    assert sample(metrics.registry, runs_total, trigger="verify", verdict="passed") == 2
 
 
 def test_failing_suite_fails_the_verify_with_its_codes(schedule):
@@ -227,10 +243,9 @@ def stepped(
         config,
         BundleSources(EXAMPLES / "healthy-h100"),
         idleness=node.idleness,
-        on_run=lambda run: runs.append((node.now, run)),
-        metrics=AgentMetrics(),
-        clock=lambda: node.now,
-        wall=lambda: node.now,
+        on_run=lambda run: runs.append((node.monotonic(), run)),
+        metrics=metrics or AgentMetrics(),
+        clock=node,
     )
     return deep, runs
 
@@ -238,12 +253,12 @@ def stepped(
 def advance(deep: DeepSchedule, node: Node, until: float) -> list[float]:
     """Step the schedule as its thread would, up to ``until``; returns when it sampled."""
     steps = []
-    while node.now <= until:
-        steps.append(node.now)
+    while node.monotonic() <= until:
+        steps.append(node.monotonic())
         wait = deep.step()
         if wait is None:
             break
-        node.now += wait
+        node.step(wait)
     return steps
 
 
@@ -300,7 +315,7 @@ def test_a_verify_does_not_wait_for_min_idle():
     deep.request_verify("2025-01-01T00:00:01Z")
     deep.step()
     ((started, run),) = runs
-    assert started == node.now and run.trigger == "verify"
+    assert started == node.monotonic() and run.trigger == "verify"
 
 
 def test_min_idle_is_validated():

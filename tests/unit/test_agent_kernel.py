@@ -13,19 +13,13 @@ from gpuguard.agent.kernel_state import (
     recall,
 )
 from gpuguard.contract.memory import encode_memory
+from tests.support.clock import FakeClock
+from tests.support.cluster import wait_for
 
 XID79 = (
     "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 )
 XID13 = "NVRM: Xid (PCI:0000:38:00): 13, pid=42, name=python, Graphics Exception"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def follow_in_background(path, calls):
@@ -40,34 +34,26 @@ def follow_in_background(path, calls):
     return stop, thread
 
 
-def wait_until(predicate, timeout_s=3.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 def test_file_follower_reads_the_log_then_each_complete_new_line(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("boot line\n")
     calls: list = []
     stop, thread = follow_in_background(log, calls)
     try:
-        wait_until(lambda: calls)
+        wait_for(lambda: calls)
         assert calls[0] == (["boot line"], True)
         with log.open("a") as handle:
             handle.write("half a li")
             handle.flush()
+            # Nothing shows when a poll has seen the half line: five polls' time to see it.
             time.sleep(0.05)
             handle.write("ne\n")
-        wait_until(lambda: any(lines == ["half a line"] for lines, _ in calls))
+        wait_for(lambda: any(lines == ["half a line"] for lines, _ in calls))
         # A replaced file (new inode: a new boot, a rotation) is read again from the start.
         fresh = tmp_path / "new.log"
         fresh.write_text("after reboot\n")
         fresh.replace(log)
-        wait_until(lambda: (["after reboot"], True) in calls)
+        wait_for(lambda: (["after reboot"], True) in calls)
     finally:
         stop.set()
         thread.join(2)
@@ -79,7 +65,7 @@ def test_truncated_file_is_a_reset(tmp_path):
     calls: list = []
     stop, thread = follow_in_background(log, calls)
     try:
-        wait_until(lambda: calls)
+        wait_for(lambda: calls)
         with log.open("w") as handle:
             handle.write("x\n")
 
@@ -88,19 +74,19 @@ def test_truncated_file_is_a_reset(tmp_path):
             resets = [i for i, (_, reset) in enumerate(calls) if reset and i > 0]
             return bool(resets) and any("x" in lines for lines, _ in calls[resets[0] :])
 
-        wait_until(reset_then_x)
+        wait_for(reset_then_x)
     finally:
         stop.set()
         thread.join(2)
 
 
 def test_application_faults_expire_hardware_faults_do_not():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     boot = ["boot-1"]
-    state = KernelState(600, lambda: boot[0], clock)
+    state = KernelState(600, lambda: boot[0], clock.monotonic)
     state.add_lines([XID13, XID79], reset=True)
     assert sorted(f.code for f in state.findings()) == ["XID_13", "XID_79"]
-    clock.now += 601
+    clock.step(601)
     assert [f.code for f in state.findings()] == ["XID_79"]
     state.add_lines([], reset=True)  # a rotated log, same boot: the dead GPU is still dead
     assert [f.code for f in state.findings()] == ["XID_79"]

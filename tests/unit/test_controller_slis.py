@@ -17,6 +17,7 @@ from gpuguard.controller.slis import (
 from gpuguard.kube.jobs import slim_job
 from gpuguard.kube.rest import WatchEvent
 from gpuguard.sli import TimeShare
+from tests.support.clock import FakeClock
 
 GPU = {"nvidia.com/gpu.present": "true"}
 
@@ -58,22 +59,14 @@ def job(uid: str, condition: str = "", *, gpus: str = "1", where: str = "limits"
     }
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1000.0)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def levels(clock: Clock) -> ServiceLevels:
-    books = ServiceLevels(clock=clock)
+def levels(clock: FakeClock) -> ServiceLevels:
+    books = ServiceLevels(clock=clock.monotonic)
     books.leading = True
     return books
 
@@ -138,9 +131,9 @@ def test_a_node_without_a_ready_condition_is_not_in_service():
 # --- node time -----------------------------------------------------------------------
 def test_node_seconds_integrate_the_gpu_nodes_in_service(levels, clock):
     levels.nodes_listed([node("a"), node("b"), node("cpu", labels={})])
-    clock.now += 10
+    clock.step(10)
     levels.node_seen(node("b", taints=("gpuguard.io/unhealthy",)))
-    clock.now += 5
+    clock.step(5)
     samples = read(levels)  # a scrape brings the books up to date
     assert samples["gpuguard_gpu_node_seconds_total{in_service}"] == 2 * 10 + 1 * 5
     assert samples["gpuguard_gpu_node_seconds_total{out_of_service}"] == 5
@@ -149,7 +142,7 @@ def test_node_seconds_integrate_the_gpu_nodes_in_service(levels, clock):
 
     levels.node_gone("a")
     levels.node_seen(node("b", labels={}))  # no longer a GPU node: out of the fleet
-    clock.now += 100
+    clock.step(100)
     samples = read(levels)
     assert samples["gpuguard_gpu_node_seconds_total{in_service}"] == 25
     assert samples["gpuguard_gpu_node_seconds_total{out_of_service}"] == 5
@@ -158,9 +151,9 @@ def test_node_seconds_integrate_the_gpu_nodes_in_service(levels, clock):
 
 def test_a_relist_replaces_the_nodes_known(levels, clock):
     levels.nodes_listed([node("a"), node("b")])
-    clock.now += 1
+    clock.step(1)
     levels.nodes_listed([node("a", ready="False")])  # b was deleted while the watch was down
-    clock.now += 1
+    clock.step(1)
     samples = read(levels)
     assert samples["gpuguard_gpu_node_seconds_total{in_service}"] == 2
     assert samples["gpuguard_gpu_node_seconds_total{out_of_service}"] == 1
@@ -168,7 +161,7 @@ def test_a_relist_replaces_the_nodes_known(levels, clock):
 
 
 def test_the_gpu_node_selector_is_the_one_given(clock):
-    levels = ServiceLevels(parse_selector("pool=h100"), clock=clock)
+    levels = ServiceLevels(parse_selector("pool=h100"), clock=clock.monotonic)
     levels.leading = True
     levels.nodes_listed([node("a", labels={"pool": "h100"}), node("b")])
     assert read(levels)["gpuguard_gpu_nodes{in_service}"] == 1
@@ -178,7 +171,7 @@ def test_only_the_leader_exports(levels, clock):
     levels.leading = False
     levels.nodes_listed([node("a")])
     assert read(levels) == {}
-    clock.now += 3
+    clock.step(3)
     levels.leading = True  # the books ran all along
     assert read(levels)["gpuguard_gpu_node_seconds_total{in_service}"] == 3
 

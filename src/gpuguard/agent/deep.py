@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +25,7 @@ from typing import Any
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.base import Check, CheckContext
 from gpuguard.checks.nvml import nvml_session
+from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.config import Config
 from gpuguard.errors import CheckError
 from gpuguard.model import OUTCOME_CODES, CheckResult, Outcome, Severity
@@ -128,8 +128,7 @@ class DeepSchedule:
         idleness: Callable[[], Idleness],
         on_run: Callable[[DeepRun], None],
         metrics: AgentMetrics,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._runner = RepeatingCheck(
             check, CheckContext(sources, config, config.timeout_for(check.name))
@@ -140,12 +139,11 @@ class DeepSchedule:
         self._idleness = idleness
         self._on_run = on_run
         self._metrics = metrics
-        self._clock = clock
-        self._wall = wall
+        self._clock = clock  # monotonic: the schedule; now(): when a run finished
         self._lock = threading.Lock()
         self._pending: str | None = None
         self._taken: str | None = None  # the stamp being answered or last answered
-        self._due = clock() + self._interval if self._interval is not None else None
+        self._due = clock.monotonic() + self._interval if self._interval is not None else None
         self._idle_since: float | None = None  # first of the unbroken idle samples
         self._last_skip = ""
         self.wake = threading.Event()
@@ -173,12 +171,12 @@ class DeepSchedule:
             self._run("verify", stamp)
         if self._due is None:
             return None
-        now = self._clock()
+        now = self._clock.monotonic()
         watch_from = self._due - self._min_idle
         if now < watch_from:
             return watch_from - now
         next_sample = self._sample(now)
-        return 0.0 if next_sample is None else max(0.0, next_sample - self._clock())
+        return 0.0 if next_sample is None else max(0.0, next_sample - self._clock.monotonic())
 
     def _sample(self, now: float) -> float | None:
         """One idleness sample on the way to a due run; returns when to sample next, or
@@ -207,7 +205,7 @@ class DeepSchedule:
             )
             self._due = None
         else:
-            self._due = self._clock() + self._interval
+            self._due = self._clock.monotonic() + self._interval
         return None
 
     def _waits(self, why: str) -> None:
@@ -220,7 +218,7 @@ class DeepSchedule:
         log.info("deep check starting (%s)", trigger if stamp is None else f"verify {stamp}")
         self._idle_since = None  # the suite loads the GPUs: idleness is measured anew
         result = self._runner.run_once()
-        run = DeepRun(trigger, result, self._wall(), stamp)
+        run = DeepRun(trigger, result, self._clock.now(), stamp)
         self._metrics.observe_check(result)
         self._metrics.deep_runs.labels(trigger, run.verdict).inc()
         self._metrics.deep_last_run.labels(trigger).set(run.finished_at)

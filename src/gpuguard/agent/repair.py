@@ -9,7 +9,8 @@ sees a fresh report within seconds.
 The agent watches its node's NodeRemediations (field selector ``spec.nodeName``) and reads
 them when one changes, plus once a minute in case an event was missed: a fleet of 5,000
 agents polling every 2 s would be 2,500 lists a second on the API server. Where RBAC
-refuses the watch (an older chart) it says so once and polls every ``POLL_S`` instead.
+refuses the watch (an older chart) it says so once and polls every ``poll_s`` instead,
+trying the watch again with backoff.
 """
 
 from __future__ import annotations
@@ -17,20 +18,20 @@ from __future__ import annotations
 import logging
 import subprocess
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from gpuguard.kube.errors import KubeError, KubeRejected
+from gpuguard.clock import SYSTEM_CLOCK, Clock
+from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import (
     NODE_REMEDIATIONS,
     ActionRequest,
     pending_request_for,
     report_result,
 )
-from gpuguard.kube.rest import Json, KubeApi
-from gpuguard.kube.watch import RETRY_S, WATCH_JOIN_S, list_then_watch
+from gpuguard.kube.rest import Json, KubeApi, WatchEvent
+from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult
 
@@ -98,27 +99,35 @@ def _run(argv: list[str], timeout_s: float) -> tuple[bool, str]:
 
 
 class RepairExecutor:
+    """Reads this node's requests every ``poll_s`` (``resync_s`` while the watch is up and
+    nothing waits to be written again) and at once when the watch sees a change."""
+
     def __init__(
         self,
         api: KubeApi,
         node_name: str,
         backend: RepairBackend,
         after_repair: Callable[[Action, tuple[str, ...], float], None],
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        poll_s: float = POLL_S,
+        resync_s: float = RESYNC_S,
     ) -> None:
         self.api = api
         self.node_name = node_name
         self.backend = backend
         self.after_repair = after_repair
-        self.clock = clock
+        self.clock = clock  # stamps the results
+        self.poll_s = poll_s
+        self.resync_s = resync_s
+        self.watching = threading.Event()  # the watch is up: reads can be rare
         self._done: set[tuple[str, str, int]] = set()
         self._unsent: dict[tuple[str, str, int], ActionResult] = {}
 
     def run(self, stop: threading.Event) -> None:
         wake = threading.Event()  # a change to this node's NodeRemediations, or the stop
-        watching = threading.Event()  # the watch is up: reads can be rare
         follower = threading.Thread(
-            target=self._follow, args=(stop, wake, watching), name="repair-requests", daemon=True
+            target=self._follow, args=(stop, wake), name="repair-requests", daemon=True
         )
         follower.start()
         threading.Thread(target=self._wake_on_stop, args=(stop, wake), daemon=True).start()
@@ -130,8 +139,8 @@ class RepairExecutor:
             except KubeError as exc:
                 log.warning("reading repair requests failed: %s", exc)
                 failed = True
-            rare = watching.is_set() and not failed and not self._unsent
-            wake.wait(RESYNC_S if rare else POLL_S)
+            rare = self.watching.is_set() and not failed and not self._unsent
+            wake.wait(self.resync_s if rare else self.poll_s)
         follower.join(WATCH_JOIN_S)
 
     def _wake_on_stop(self, stop: threading.Event, wake: threading.Event) -> None:
@@ -139,36 +148,37 @@ class RepairExecutor:
         self.api.end_watches(stop)
         wake.set()
 
-    def _follow(
-        self, stop: threading.Event, wake: threading.Event, watching: threading.Event
-    ) -> None:
+    def _follow(self, stop: threading.Event, wake: threading.Event) -> None:
         """Wake the executor on every change to this node's NodeRemediations."""
         version = ""
-        while not stop.is_set():
+
+        def changes() -> Iterator[Snapshot | WatchEvent]:
             try:
-                for item in list_then_watch(
+                yield from list_then_watch(
                     self.api,
                     NODE_REMEDIATIONS.path(),
                     field_selector=f"spec.nodeName={self.node_name}",
                     project=_version_only,
                     resource_version=version,
                     stop=stop,
-                ):
-                    version = item.resource_version or version
-                    watching.set()
-                    wake.set()
-            except KubeRejected as exc:
-                watching.clear()
-                log.warning(
-                    "cannot watch repair requests (%s): reading them every %.0f s instead",
-                    exc,
-                    POLL_S,
                 )
-                return
-            except KubeError as exc:
-                watching.clear()
-                log.info("watch of repair requests broken, resuming: %s", exc)
-                stop.wait(RETRY_S)
+            finally:
+                self.watching.clear()
+
+        def take(item: Snapshot | WatchEvent) -> None:
+            nonlocal version
+            version = item.resource_version or version
+            self.watching.set()
+            wake.set()
+
+        keep_watching(
+            changes,
+            take,
+            stop,
+            log=log,
+            what="repair requests",
+            when_refused=f"reading them every {self.poll_s:g} s instead",
+        )
 
     def poll_once(self) -> ActionResult | None:
         """Perform the pending request, if any; each (object, action, attempt) only once."""
@@ -223,7 +233,7 @@ class RepairExecutor:
         del self._unsent[key]
 
     def _result(self, request: ActionRequest, ok: bool, message: str) -> ActionResult:
-        return ActionResult(request.attempt, request.action, ok, self.clock(), message)
+        return ActionResult(request.attempt, request.action, ok, self.clock.now(), message)
 
 
 def _version_only(obj: Json) -> Json:

@@ -8,11 +8,12 @@ project has one way to talk to the API server; errors arrive as
 
 from __future__ import annotations
 
-import datetime
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from gpuguard.clock import SYSTEM_CLOCK, Clock
+from gpuguard.contract.times import format_micro_time
 from gpuguard.kube.errors import KubeUnavailable, NodeView
 from gpuguard.kube.rest import NODES, KubeApi, KubeExpired, Resource
 
@@ -23,8 +24,9 @@ EVENT_NAMESPACE = "default"  # Node is cluster-scoped; kubectl describe node loo
 class NodeApi:
     """Reads and writes one Node's health: conditions, annotations and Events."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeApi, clock: Clock = SYSTEM_CLOCK) -> None:
         self._api = api
+        self._clock = clock  # stamps the Events
 
     def get_node(self, name: str) -> NodeView:
         node = self._api.get(NODES.path(name))
@@ -107,12 +109,11 @@ class NodeApi:
         action: str,
     ) -> None:
         """One ``events.k8s.io/v1`` Event about the Node."""
-        now = datetime.datetime.now(datetime.UTC)
         event = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
             "metadata": {"generateName": f"{node.name}-gpuguard-", "namespace": EVENT_NAMESPACE},
-            "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "eventTime": format_micro_time(self._clock.now()),
             "reportingController": controller,
             "reportingInstance": instance,
             "action": action,

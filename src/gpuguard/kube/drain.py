@@ -17,7 +17,6 @@ its predecessor.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -199,11 +198,12 @@ def kill_pods(
     pods: Iterable[Json],
     reason: str,
     *,
-    now: float | None = None,
+    now: float,
     grace_period_s: int | None = None,
 ) -> DrainCounts:
-    """Delete each pod, budgets notwithstanding, after marking it ``DisruptionTarget``."""
-    stamp = format_time(float(int(time.time() if now is None else now)))
+    """Delete each pod, budgets notwithstanding, after marking it ``DisruptionTarget``
+    as of ``now`` (the caller's clock, epoch seconds)."""
+    stamp = format_time(float(int(now)))
     condition = {
         "type": DISRUPTION_TARGET,
         "status": "True",

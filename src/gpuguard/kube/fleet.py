@@ -19,6 +19,7 @@ import msgspec
 
 from gpuguard.contract.keys import CORDONED_BY_US_ANNOTATION, TAINT_EFFECT, TAINT_KEY
 from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, KubeRefused, Listing
+from gpuguard.retry import retry
 
 CONFLICT_RETRIES = 5
 _KEPT_METADATA = ("name", "uid", "resourceVersion", "labels", "annotations", "creationTimestamp")
@@ -205,7 +206,9 @@ def _update(api: KubeApi, node: Json, change: Callable[[Json], Json | None]) -> 
     fresh = False
     if not (current.get("metadata") or {}).get("resourceVersion"):
         current, fresh = get_node(api, node_name(current)), True  # only a name was given
-    for attempt in range(CONFLICT_RETRIES + 1):
+
+    def attempt() -> Json:
+        nonlocal current, fresh
         patch = change(current)
         if patch is None and not fresh:
             current, fresh = get_node(api, node_name(current)), True
@@ -214,10 +217,10 @@ def _update(api: KubeApi, node: Json, change: Callable[[Json], Json | None]) -> 
             return current
         metadata: dict[str, Any] = patch.setdefault("metadata", {})
         metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
-        try:
-            return slim_node(api.patch(NODES.path(node_name(current)), patch))
-        except KubeConflict:
-            if attempt == CONFLICT_RETRIES:
-                raise
-            current, fresh = get_node(api, node_name(current)), True
-    raise AssertionError("unreachable")
+        return slim_node(api.patch(NODES.path(node_name(current)), patch))
+
+    def read_again(_: Exception) -> None:
+        nonlocal current, fresh
+        current, fresh = get_node(api, node_name(current)), True
+
+    return retry(attempt, on=KubeConflict, attempts=CONFLICT_RETRIES + 1, before_retry=read_again)

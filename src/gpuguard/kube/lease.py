@@ -4,9 +4,9 @@ Only one controller replica may taint, evict and reboot. Replicas race to write 
 with the resourceVersion they read (a conflict means someone else won). Two rules keep two
 leaders from ever acting at once, whatever the clocks of the machines say:
 
-- a candidate judges expiry by its *own* clock: the holder's record must stay unchanged
-  for ``leaseDurationSeconds`` since this candidate first saw it, never by comparing the
-  holder's ``renewTime`` with local time;
+- a candidate judges expiry by its *own* monotonic clock: the holder's record must stay
+  unchanged for ``leaseDurationSeconds`` since this candidate first saw it, never by
+  comparing the holder's ``renewTime`` with local time;
 - the holder counts itself leader only until ``renew_deadline_s`` (shorter than the lease)
   after its last successful renewal, so it stops before any candidate may take over.
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 
+from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.times import format_micro_time
 from gpuguard.errors import ConfigError
 from gpuguard.kube.errors import KubeError, KubeUnavailable
@@ -45,8 +45,10 @@ class LeaderElector:
         renew_s: float = 5.0,
         retry_s: float = 2.0,
         renew_deadline_s: float | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.api = api
+        self.clock = clock  # monotonic: expiry and deadlines; now(): the Lease's stamps
         self.identity = identity
         self.lease_s = lease_s
         self.renew_s = renew_s
@@ -57,30 +59,43 @@ class LeaderElector:
         self.path = LEASES.path(name, namespace=namespace)
         self._namespace, self._name = namespace, name
         self._seen: tuple[object, ...] | None = None  # the holder's record as last read
-        self._seen_at = 0.0  # when (our clock) that record was first seen
+        self._seen_at = 0.0  # when (our monotonic clock) that record was first seen
         self._renewed_at: float | None = None  # our last successful write as holder
+        self._renewed_last_try = False
 
     @property
     def renewed_at(self) -> float | None:
-        """When this replica last wrote the Lease as its holder (None: not holding it)."""
+        """When (its clock's ``monotonic()``) this replica last wrote the Lease as its
+        holder; None while not holding it."""
         return self._renewed_at
 
-    def is_leader(self, now: float) -> bool:
+    @property
+    def next_try_s(self) -> float:
+        """How long to wait before the next try: a failed renewal is retried soon, well
+        inside the renew deadline."""
+        return self.renew_s if self._renewed_last_try else self.retry_s
+
+    def is_leader(self) -> bool:
         """Leader until ``renew_deadline_s`` after the last successful renewal."""
+        return self._leads_at(self.clock.monotonic())
+
+    def _leads_at(self, now: float) -> bool:
         return self._renewed_at is not None and now - self._renewed_at < self.renew_deadline_s
 
-    def try_acquire_or_renew(self, now: float) -> bool:
+    def try_acquire_or_renew(self) -> bool:
         """Take the Lease if it is free or expired, renew it if ours; True while leading.
 
         API outages do not end leadership by themselves: the answer is :meth:`is_leader`,
         which turns False once the renew deadline passes without a renewal.
         """
+        self._renewed_last_try = False
+        now = self.clock.monotonic()
         try:
             lease = self.api.get(self.path)
         except KubeNotFound:
             return self._create(now)
         except KubeUnavailable:
-            return self.is_leader(now)
+            return self._leads_at(now)
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         record = _record(spec)
@@ -91,7 +106,7 @@ class LeaderElector:
             duration = float(spec.get("leaseDurationSeconds") or self.lease_s)
             if now - self._seen_at < duration:
                 return False
-        stamp = format_micro_time(now)
+        stamp = format_micro_time(self.clock.now())
         ours = holder == self.identity
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if ours or not holder else 1)
         lease["spec"] = {
@@ -119,7 +134,7 @@ class LeaderElector:
             pass  # it expires on its own
 
     def _create(self, now: float) -> bool:
-        stamp = format_micro_time(now)
+        stamp = format_micro_time(self.clock.now())
         lease = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -137,8 +152,8 @@ class LeaderElector:
         except KubeConflict:
             return False  # another replica created it first
         except KubeUnavailable:
-            return self.is_leader(now)
-        self._renewed_at = now
+            return self._leads_at(now)
+        self._renewed_at, self._renewed_last_try = now, True
         return True
 
     def _write(self, lease: Json, now: float) -> bool:
@@ -148,9 +163,9 @@ class LeaderElector:
             self._renewed_at = None  # someone else wrote first: they may hold it now
             return False
         except KubeUnavailable:
-            return self.is_leader(now)
+            return self._leads_at(now)
         self._seen, self._seen_at = _record(written.get("spec") or {}), now
-        self._renewed_at = now
+        self._renewed_at, self._renewed_last_try = now, True
         return True
 
 
@@ -165,24 +180,21 @@ def run_leader_election(
     *,
     on_started_leading: Callable[[], None],
     on_stopped_leading: Callable[[], None],
-    clock: Callable[[], float] = time.time,
 ) -> None:
     """Campaign and renew until ``stop`` is set, then release. The callbacks run on this
     thread and should only flip a flag: leadership may end while they run."""
     leading = False
     try:
         while not stop.is_set():
-            now = clock()
             try:
-                renewed = elector.try_acquire_or_renew(now)
+                renewed = elector.try_acquire_or_renew()
             except KubeError as exc:  # forbidden, invalid: keep trying, say why
                 log.warning("leader election on %s: %s", elector.path, exc)
-                renewed = elector.is_leader(now)
+                renewed = elector.is_leader()
             if renewed != leading:
                 leading = not leading
                 (on_started_leading if leading else on_stopped_leading)()
-            # A failed renewal is retried soon, well inside the renew deadline.
-            stop.wait(elector.renew_s if elector.renewed_at == now else elector.retry_s)
+            stop.wait(elector.next_try_s)
     finally:
         if leading:
             on_stopped_leading()

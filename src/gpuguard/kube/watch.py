@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from gpuguard.kube.errors import KubeError, KubeRejected, KubeUnavailable
 from gpuguard.kube.rest import WATCH_TIMEOUT_S, Json, KubeApi, KubeExpired, WatchEvent
+from gpuguard.retry import Backoff
 
 RETRY_S = 2.0  # before resuming a broken watch
 REFUSED_RETRY_MAX_S = 300.0
@@ -106,18 +107,17 @@ def keep_watching(
     breaks, until ``stop``. A broken connection is resumed after ``retry_s``. A refusal
     (RBAC missing from an older chart, say) is not granted by retrying every few seconds:
     it backs off, doubling to 5 minutes, and is said once per streak of refusals."""
-    refused = 0  # refusals in a row
+    refusals = Backoff(retry_s * 2, REFUSED_RETRY_MAX_S)
     while not stop.is_set():
         try:
             for item in stream():
                 take(item)
-                refused = 0
+                refusals.reset()
         except KubeRejected as exc:
-            if not refused:
-                log.warning("watch of %s refused, %s: %s", what, when_refused, exc)
-            refused += 1
-            stop.wait(min(retry_s * 2**refused, REFUSED_RETRY_MAX_S))
+            if not refusals.failures:
+                log.warning("cannot watch %s (refused), %s: %s", what, when_refused, exc)
+            refusals.wait(stop)
         except KubeError as exc:
-            refused = 0
+            refusals.reset()
             log.warning("watch of %s broken, resuming: %s", what, exc)
             stop.wait(retry_s)
