@@ -3,6 +3,7 @@ and the three ways of authenticating (client certificate, token, in-cluster file
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -43,6 +44,9 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
     control_plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
     yield name
     control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+WATCH_MARKER = "watch-marker"
 
 
 def configmap(name: str, **data: str) -> dict[str, object]:
@@ -101,28 +105,37 @@ def test_list_pages_through_every_item_and_projects_each(control_plane, namespac
     api.close()
 
 
-def test_list_then_watch_gives_snapshot_then_changes_without_bookmarks(api, namespace):
+def test_list_then_watch_gives_snapshot_then_changes_without_bookmarks(api, namespace, monkeypatch):
     api.create(CONFIGMAPS.path(namespace=namespace), configmap("before"))
     stop = threading.Event()
     seen: list[Snapshot | WatchEvent] = []
+    watches: list[str] = []  # the resourceVersion each watch request starts from
+    watch = api.watch
+
+    def counted(*args, **kwargs):
+        watches.append(kwargs["resource_version"])
+        return watch(*args, **kwargs)
+
+    monkeypatch.setattr(api, "watch", counted)
 
     def follow() -> None:
         for change in list_then_watch(
-            api, CONFIGMAPS.path(namespace=namespace), stop=stop, watch_timeout_s=4
+            api, CONFIGMAPS.path(namespace=namespace), stop=stop, watch_timeout_s=1
         ):
             seen.append(change)
 
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
-    wait_until(lambda: seen, "the snapshot")
+    wait_for(lambda: seen, 15, "the snapshot")
     collection = CONFIGMAPS.path(namespace=namespace)
     api.create(collection, configmap("after"))
     api.patch(CONFIGMAPS.path("after", namespace=namespace), {"data": {"x": "1"}})
     api.delete(CONFIGMAPS.path("before", namespace=namespace))
     advance_the_watch_cache(api, collection)
-    time.sleep(5)  # past one watch timeout: the iterator re-watches from where it was
+    # Past one watch timeout: the iterator re-watches from where it was.
+    wait_for(lambda: len(watches) >= 2 and len(seen) == 4, 15, "a second watch request")
     api.create(collection, configmap("later"))
-    wait_until(lambda: len(seen) == 5, "four events")
+    wait_for(lambda: len(seen) == 5, 15, "four events")
     stop.set()
     api.close()  # ends the blocked read at once; the iterator returns quietly
     thread.join(5)
@@ -144,11 +157,7 @@ def test_raw_watch_delivers_bookmarks(api, namespace):
     collection = CONFIGMAPS.path(namespace=namespace)
     version = api.list(collection).resource_version
 
-    def poke() -> None:
-        time.sleep(0.5)
-        advance_the_watch_cache(api, collection)
-
-    threading.Thread(target=poke, daemon=True).start()
+    advance_the_watch_cache(api, collection)  # the bookmarks' version is newer than this
     events = list(api.watch(collection, resource_version=version, timeout_s=4))
     assert events
     assert {event.type for event in events} == {"BOOKMARK"}  # one or two, by timing
@@ -182,7 +191,7 @@ def test_watch_from_a_version_the_cache_no_longer_has_relists(api):
     )
     widgets = Resource(f"/apis/{group}/v1", "widgets")
     widget = {"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": "w"}}
-    wait_until(lambda: try_create(api, widgets.path(), widget), "the new kind to be served")
+    wait_for(lambda: try_create(api, widgets.path(), widget), 15, "the new kind to be served")
 
     changes = list_then_watch(api, widgets.path(), resource_version="1", watch_timeout_s=2)
     first = next(changes)
@@ -250,15 +259,6 @@ def try_create(api: KubeApi, path: str, body: dict[str, object]) -> bool:
     return True
 
 
-def wait_until(predicate, what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 # --- ending watches that other threads are blocked in -----------------------------------
 def start_watch(api: KubeApi, namespace: str, stop: threading.Event | None = None):
     seen: list[str | None] = []
@@ -283,9 +283,12 @@ def start_watch(api: KubeApi, namespace: str, stop: threading.Event | None = Non
 
 def blocked_watch(api: KubeApi, namespace: str, stop: threading.Event | None = None):
     """A thread blocked in a watch of the ConfigMaps in ``namespace``, and what it ended
-    with: the names of the objects it saw and the error that ended it."""
+    with: the names of the objects it saw and the error that ended it. It is reading once
+    it has seen the namespace's marker ConfigMap (a watch from version 0 starts with it)."""
+    with contextlib.suppress(KubeConflict):
+        api.create(CONFIGMAPS.path(namespace=namespace), configmap(WATCH_MARKER))
     thread, outcome = start_watch(api, namespace, stop)
-    time.sleep(0.5)  # in its read by now
+    wait_for(lambda: WATCH_MARKER in outcome["seen"], 5, "the watch reading")
     assert thread.is_alive()
     return thread, outcome
 
