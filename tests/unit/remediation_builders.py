@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpuguard.contract.report import LayerReport
@@ -26,6 +26,7 @@ from gpuguard.remediation.model import (
     Plan,
 )
 from gpuguard.remediation.policy import Policy
+from gpuguard.remediation.reconciler import Reconciler
 
 T0 = 1_000_000.0
 LONG_AGO = T0 - 24 * 3600
@@ -146,15 +147,29 @@ def answered(ep: Episode, succeeded: bool, message: str = "") -> Episode:
 
 @dataclass
 class Sim:
-    """The controller and cluster around ``decide``: state carried from call to call."""
+    """The controller and cluster around ``decide``: the reconciler that carries state
+    from call to call, with this class as its actuator (decisions change the nodes)."""
 
     nodes: dict[str, NodeObservation]
     policy: Policy = field(default_factory=Policy)
     now: float = T0
-    episodes: dict[str, Episode] = field(default_factory=dict)
-    history: list[Episode] = field(default_factory=list)
-    breaker: BreakerState = field(default_factory=BreakerState)
     plans: list[Plan] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reconciler = Reconciler(self.policy)
+        self.reconciler.load({}, [], BreakerState())
+
+    @property
+    def episodes(self) -> dict[str, Episode]:
+        return self.reconciler.episodes
+
+    @property
+    def history(self) -> Sequence[Episode]:
+        return self.reconciler.history
+
+    @property
+    def breaker(self) -> BreakerState:
+        return self.reconciler.breaker
 
     def set_gpu(self, name: str, layer: LayerReport) -> None:
         current = self.nodes[name]
@@ -193,24 +208,16 @@ class Sim:
             for name, current in self.nodes.items():
                 if current.exists:
                     self.nodes[name] = dataclasses.replace(current, reported_at=self.now)
-        before = copy.deepcopy((self.nodes, self.episodes, self.history, self.breaker))
-        plan = decide(
-            self.nodes,
-            self.episodes,
-            self.history,
-            self.breaker,
-            self.policy,
-            self.now,
-            breaker_reset=breaker_reset,
+        self.reconciler.policy = self.policy  # tests may swap the policy between steps
+        self.reconciler.forget_nodes()
+        for name, current in self.nodes.items():
+            self.reconciler.track(name, current)
+        before = copy.deepcopy((self.nodes, self.episodes, list(self.history), self.breaker))
+        done = self.reconciler.reconcile(
+            self.nodes, self.now, _Checked(self, before), breaker_reset=breaker_reset
         )
-        assert before == (self.nodes, self.episodes, self.history, self.breaker), "mutated"
-        self.plans.append(plan)
-        self.breaker = plan.breaker
-        self.episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
-        self.history += [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
-        for decision in plan.decisions:
-            self.apply(decision)
-        return plan
+        self.plans.append(done.plan)
+        return done.plan
 
     def apply(self, decision: Decision) -> None:
         name = decision.node
@@ -225,3 +232,19 @@ class Sim:
         }.get(decision.kind, {})
         if changes:
             self.set(name, **changes)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Checked:
+    """Applies a plan after checking that ``decide`` left its inputs as they were."""
+
+    sim: Sim
+    before: object
+
+    def apply(self, plan: Plan, opened: Collection[str]) -> set[str]:
+        sim = self.sim
+        now = (sim.nodes, sim.episodes, list(sim.history), sim.breaker)
+        assert self.before == now, "mutated"
+        for decision in plan.decisions:
+            sim.apply(decision)
+        return set()

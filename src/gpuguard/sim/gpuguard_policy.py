@@ -1,36 +1,30 @@
-"""The gpuguard run: the controller's real policy core (``remediation.decide``) in
-simulated time.
+"""The gpuguard run: the controller's real policy core in simulated time.
 
-This plays the controller and the agent around ``decide``, as ``controller/loop.py`` does
-against a cluster: the agent's verdicts (``agent_view``) become the Node projections, only
-nodes that can need a decision are passed (with the fleet's population for budgets and
-the breaker), the plan's decisions are carried out by the engine, episodes and the trimmed
-history are kept for the next call. ``decide`` is called whenever a node's report changes
-or an action ends, and again when one of the policy's own clocks (tolerance, flap damping,
-timeouts, minimum action interval) next runs out.
+This plays the agent and the cluster around ``remediation.Reconciler``, as
+``controller/loop.py`` does against a cluster: the agent's verdicts (``agent_view``)
+become the Node projections, the reconciler decides and hands the plan to this class as
+its actuator, and the engine carries the decisions out. A pass runs whenever a node's
+report changes or an action ends, and again at the reconciler's deadline (the next time
+one of the policy's own clocks runs out).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
+from collections.abc import Collection
 
 from gpuguard.contract.report import LayerReport
 from gpuguard.model import Action
-from gpuguard.remediation.budget import holds_slot
-from gpuguard.remediation.decide import decide
-from gpuguard.remediation.history import History
 from gpuguard.remediation.model import (
     ActionResult,
-    BreakerState,
     DecisionKind,
-    Episode,
     NodeObservation,
     Phase,
     Plan,
 )
 from gpuguard.remediation.policy import Policy
+from gpuguard.remediation.reconciler import Reconciler
 from gpuguard.sim.deep_suite import DeepSuite
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import GPU_BUS
@@ -48,19 +42,16 @@ class GpuguardPolicy:
 
     def attach(self, engine: Engine) -> None:
         self.engine = engine
-        self.episodes: dict[str, Episode] = {}
-        self.history = History()
-        self.breaker = BreakerState()
+        self.reconciler = Reconciler(self.policy)
+        self.reconciler.stale = False  # a new fleet: no episodes to read
+        self.reconciler.population.update(slot.pool for slot in engine.slots)
         healthy = engine.view.verdict(engine.signals(engine.slots[0])).layers
         self.layers = {slot.index: dict(healthy) for slot in engine.slots}
         self.reported: dict[int, float] = {}
-        self.attention: set[int] = set()
         self.by_name = {slot.name: slot.index for slot in engine.slots}
         self.ours: set[int] = set()  # cordoned by us
-        self.results: dict[str, ActionResult] = {}
         self.started: set[tuple[str, float, str, int]] = set()  # (node, episode, what, attempt)
         self.false_counted: set[tuple[str, float]] = set()
-        self.population = dict(Counter(slot.pool for slot in engine.slots))
         self.pending: set[float] = set()
         self.deep = DeepSuite(engine, self.signals_changed)
 
@@ -85,17 +76,16 @@ class GpuguardPolicy:
         self.reported[slot.index] = now
         if not verdict.healthy:
             engine.detected(slot)
-        if changed or slot.index in self.attention:
+        if changed or slot.name in self.reconciler.attention:
             self._mark(slot)
             self._decide_at(now)
 
     def action_done(self, slot: Slot, what: str, succeeded: bool) -> None:
         engine = self.engine
-        episode = self.episodes.get(slot.name)
+        episode = self.reconciler.episodes.get(slot.name)
         if episode is not None and episode.phase is Phase.ACTING and episode.rung is not None:
-            self.results[slot.name] = ActionResult(
-                episode.attempt, episode.rung, succeeded, engine.now
-            )
+            result = ActionResult(episode.attempt, episode.rung, succeeded, engine.now)
+            self.reconciler.take_result(slot.name, result)
         # After a reset or a boot the agent runs every check and reports at once.
         engine.at(engine.now + 1.0, self.signals_changed, slot)
         self._decide_at(engine.now)
@@ -114,16 +104,7 @@ class GpuguardPolicy:
         self._decide_at(now)
 
     def _mark(self, slot: Slot) -> None:
-        needs = (
-            slot.tainted
-            or slot.index in self.ours
-            or slot.name in self.episodes
-            or any(layer.status != "True" for layer in self.layers[slot.index].values())
-        )
-        if needs:
-            self.attention.add(slot.index)
-        else:
-            self.attention.discard(slot.index)
+        self.reconciler.attend(slot.name, self._observation(slot, self.engine.now))
 
     # -- one controller pass ----------------------------------------------------------
 
@@ -138,75 +119,56 @@ class GpuguardPolicy:
         now = engine.now
         engine.stats.decide_calls += 1
         observations = self._observe(now)
-        episodes = self._with_results()
-        plan = decide(
-            observations,
-            episodes,
-            self.history,
-            self.breaker,
-            self.policy,
-            now,
-            population=self.population,
-        )
-        for name in plan.episodes.keys() - episodes.keys():
-            engine.request_human(engine.slots[self.by_name[name]])  # on the fleet's board
-        self._apply(plan)
-        self._remember(plan, now)
+        was_open = self.reconciler.breaker.open
+        done = self.reconciler.reconcile(observations, now, self)
+        if done.plan.breaker.open and not was_open:
+            engine.stats.breaker_trips += 1
         for name in observations:
             self._mark(engine.slots[self.by_name[name]])
-        holders = {n for n, e in episodes.items() if holds_slot(e)}
-        freed = holders - {n for n, e in self.episodes.items() if holds_slot(e)}
-        if freed and any(" waits: budget" in note for note in plan.notes):
-            self._decide_at(now + 1e-3)  # a repair slot came free after others were turned away
-        deadline = self._next_deadline(observations, plan, now)
-        if deadline < math.inf:
-            self._decide_at(deadline)
+        if done.deadline < math.inf:
+            self._decide_at(done.deadline)
 
     def _observe(self, now: float) -> dict[str, NodeObservation]:
         slots = self.engine.slots
-        names = {slots[index].name for index in self.attention} | self.episodes.keys()
         observations = {}
-        for name in names:
+        for name in self.reconciler.wanted():
             index = self.by_name.get(name)
             if index is None:
                 continue
             slot = slots[index]
             if slot.machine is None or slot.name != name:
                 continue  # the Node is gone
-            episode = self.episodes.get(name)
-            draining = episode is not None and episode.phase is Phase.DRAINING
-            moving = int(draining and (slot.job is not None or slot.drain_until > now))
-            # A deferred repair waits for the node's job (one per node in the simulator).
-            running = int(slot.job is not None)
-            observations[name] = NodeObservation(
-                name=name,
-                pool=slot.pool,
-                layers=self.layers[index],
-                reported_at=self.reported.get(index),
-                tainted=slot.tainted,
-                unschedulable=slot.cordoned,
-                cordoned_by_us=index in self.ours,
-                pods_to_move=moving,
-                pods_on_gpus=running,
-                verify_request=self.deep.requests.get(index),
-                verify=self.deep.answers.get(index),
-                domain=f"rack-{index // self.engine.scenario.fleet.nodes_per_rack}",
-            )
+            observations[name] = self._observation(slot, now)
         return observations
 
-    def _with_results(self) -> dict[str, Episode]:
-        """Episodes waiting for the agent get its answer (the controller's refresh)."""
-        episodes = dict(self.episodes)
-        for name, episode in self.episodes.items():
-            result = self.results.get(name)
-            if (
-                result is not None
-                and episode.phase is Phase.ACTING
-                and episode.action_result is None
-                and (result.attempt, result.action) == (episode.attempt, episode.rung)
-            ):
-                episodes[name] = dataclasses.replace(episode, action_result=result)
-        return episodes
+    def _observation(self, slot: Slot, now: float) -> NodeObservation:
+        index = slot.index
+        episode = self.reconciler.episodes.get(slot.name)
+        draining = episode is not None and episode.phase is Phase.DRAINING
+        moving = int(draining and (slot.job is not None or slot.drain_until > now))
+        return NodeObservation(
+            name=slot.name,
+            pool=slot.pool,
+            layers=self.layers[index],
+            reported_at=self.reported.get(index),
+            tainted=slot.tainted,
+            unschedulable=slot.cordoned,
+            cordoned_by_us=index in self.ours,
+            pods_to_move=moving,
+            # A deferred repair waits for the node's job (one per node in the simulator).
+            pods_on_gpus=int(slot.job is not None),
+            verify_request=self.deep.requests.get(index),
+            verify=self.deep.answers.get(index),
+            domain=f"rack-{index // self.engine.scenario.fleet.nodes_per_rack}",
+        )
+
+    def apply(self, plan: Plan, opened: Collection[str]) -> set[str]:
+        """The simulated cluster as the reconciler's actuator: nothing fails here."""
+        engine = self.engine
+        for name in sorted(opened):
+            engine.request_human(engine.slots[self.by_name[name]])  # on the fleet's board
+        self._apply(plan)
+        return set()
 
     def _apply(self, plan: Plan) -> None:
         engine = self.engine
@@ -272,53 +234,3 @@ class GpuguardPolicy:
             self.false_counted.add(key)
             if not self.engine.has_node_fault(slot):
                 self.engine.stats.false_drains += 1
-
-    def _remember(self, plan: Plan, now: float) -> None:
-        closed = [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
-        self.episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
-        for episode in closed:
-            self.results.pop(episode.node, None)
-        horizon = now - self.policy.history_s
-        self.history.add(closed)
-        self.history.forget_before(horizon)
-        if plan.breaker.open and not self.breaker.open:
-            self.engine.stats.breaker_trips += 1
-        self.breaker = plan.breaker
-
-    def _next_deadline(
-        self, observations: dict[str, NodeObservation], plan: Plan, now: float
-    ) -> float:
-        """The next time one of the policy's clocks can change a decision."""
-        policy = self.policy
-        candidates: list[float] = []
-        for name, node in observations.items():
-            episode = self.episodes.get(name)
-            opened = episode.opened_at if episode is not None else now
-            for layer in node.layers.values():
-                if layer.status == "True":
-                    candidates.append(layer.since + policy.clear_after_s)
-                else:
-                    tolerance = policy.tolerance_for(layer.codes)
-                    candidates.append(layer.since + policy.unknown_grace_s)
-                    candidates.append(max(layer.since, opened) + tolerance)
-                    if layer.deferred:
-                        wait = policy.drain_and_reset.max_wait_s
-                        candidates.append(max(layer.since, opened) + wait)
-            if episode is None:
-                continue
-            timeout = {
-                Phase.DRAINING: policy.drain_timeout_s,
-                Phase.ACTING: policy.action_timeout_s,
-                Phase.VERIFYING: policy.verify_timeout_s,
-            }.get(episode.phase)
-            if timeout is not None:
-                candidates.append(episode.phase_since + timeout + 1e-6)
-            if episode.phase is Phase.VERIFYING and policy.verify.applies_to(episode.rung):
-                candidates.append(episode.phase_since + policy.verify.timeout_s + 1e-6)
-            if episode.last_action_at is not None:
-                candidates.append(episode.last_action_at + policy.min_action_interval_s)
-        if plan.breaker.open:  # it closes as the wave leaves its window
-            window = policy.breaker.window_s
-            starts = [e.opened_at for e in [*self.episodes.values(), *self.history]]
-            candidates += [t + window for t in starts]
-        return min((c for c in candidates if c > now), default=math.inf)

@@ -1,0 +1,224 @@
+"""The state around ``decide``: one copy for the controller, the simulator and the tests.
+
+``decide`` is pure; calling it again and again needs memory: the open episodes, the
+closed ones the policy still reads (lemons, the breaker's window), the breaker, the nodes
+that can need a decision (the attention set), the fleet's size per pool, and the answers
+to requested actions that arrived since the last pass. ``Reconciler`` keeps that memory,
+hands each plan to an ``Actuator`` (the Kubernetes applier, the simulated cluster) and
+says when the next decision can change without any new observation (``Pass.deadline``),
+so its driver sleeps until then instead of polling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpuguard.contract.conditions import TRUE
+from gpuguard.remediation.budget import holds_slot
+from gpuguard.remediation.decide import decide
+from gpuguard.remediation.history import History
+from gpuguard.remediation.model import (
+    ActionResult,
+    BreakerState,
+    Episode,
+    NodeObservation,
+    Phase,
+    Plan,
+)
+from gpuguard.remediation.policy import Policy
+
+# A repair slot freed while others were turned away: decide again right after.
+SLOT_FREED_S = 1e-3
+# Timeouts compare with ">": look again just past them.
+PAST_S = 1e-6
+
+
+class Actuator(Protocol):
+    """Carries out a plan's decisions; returns the nodes where something failed (their
+    remaining decisions wait for the next pass, and the episodes are read again)."""
+
+    def apply(self, plan: Plan, opened: Collection[str]) -> set[str]: ...
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One reconcile: the plan, the episodes it opened, where applying it failed, and the
+    earliest time a decision can change with nothing new observed (``math.inf``: never)."""
+
+    plan: Plan
+    opened: frozenset[str]
+    failed: frozenset[str]
+    deadline: float
+
+
+def needs_attention(observed: NodeObservation) -> bool:
+    """Not plainly healthy, or carrying our taint, our cordon or our verify request."""
+    return (
+        observed.tainted
+        or observed.cordoned_by_us
+        or observed.verify_request is not None
+        or any(layer.status != TRUE for layer in observed.layers.values())
+    )
+
+
+class Reconciler:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.episodes: dict[str, Episode] = {}  # open, by node
+        self.history = History()  # closed, trimmed to what the policy still reads
+        self.breaker = BreakerState()
+        self.attention: set[str] = set()
+        self.population: Counter[str] = Counter()  # nodes per pool
+        self.stale = True  # the episodes must be (re)loaded before the next pass
+        self._pools: dict[str, str] = {}
+        self._results: dict[str, ActionResult] = {}
+
+    # --- what the driver tells it -------------------------------------------------
+    def load(
+        self, episodes: Mapping[str, Episode], closed: Iterable[Episode], breaker: BreakerState
+    ) -> None:
+        """Start from what the cluster holds (a new leader, or after a failed write)."""
+        self.episodes = dict(episodes)
+        self.history = History(closed)
+        self.breaker = breaker
+        self._results.clear()
+        self.stale = False
+
+    def track(self, name: str, observed: NodeObservation | None) -> None:
+        """A node's latest projection (``None``: the Node is gone), for the attention set
+        and the population that sizes budgets and the breaker."""
+        old = self._pools.pop(name, None)
+        if old is not None:
+            self.population[old] -= 1
+        if observed is not None:
+            self._pools[name] = observed.pool
+            self.population[observed.pool] += 1
+        self.attend(name, observed)
+
+    def attend(self, name: str, observed: NodeObservation | None) -> None:
+        """Keep ``name`` in the attention set while its projection needs a decision."""
+        if observed is not None and needs_attention(observed):
+            self.attention.add(name)
+        else:
+            self.attention.discard(name)
+
+    def forget_nodes(self) -> None:
+        """Every node is about to be tracked again (a fresh list of the fleet)."""
+        self._pools.clear()
+        self.population.clear()
+        self.attention.clear()
+
+    def wanted(self) -> set[str]:
+        """The nodes a pass must see: those needing attention and those with an episode."""
+        return self.attention | self.episodes.keys()
+
+    def take_result(self, node: str, result: ActionResult) -> None:
+        """The agent's (or provider's) answer to a requested action on ``node``."""
+        self._results[node] = result
+
+    # --- one pass -------------------------------------------------------------------
+    def reconcile(
+        self,
+        observations: Mapping[str, NodeObservation],
+        now: float,
+        actuator: Actuator,
+        *,
+        breaker_reset: bool = False,
+    ) -> Pass:
+        before = self._with_results()
+        plan = decide(
+            observations,
+            before,
+            self.history,
+            self.breaker,
+            self.policy,
+            now,
+            breaker_reset=breaker_reset,
+            population={pool: count for pool, count in self.population.items() if count},
+        )
+        opened = frozenset(plan.episodes.keys() - before.keys())
+        failed = frozenset(actuator.apply(plan, opened))
+        self._remember(plan, failed, now)
+        deadline = next_deadline(self.policy, observations, self.episodes, self.history, plan, now)
+        holders = {n for n, e in before.items() if holds_slot(e)}
+        freed = holders - {n for n, e in self.episodes.items() if holds_slot(e)}
+        if freed and any(" waits: budget" in note for note in plan.notes):
+            deadline = min(deadline, now + SLOT_FREED_S)
+        return Pass(plan, opened, failed, deadline)
+
+    def _with_results(self) -> dict[str, Episode]:
+        """Episodes waiting for an answer get the one that answers their rung and attempt."""
+        episodes = dict(self.episodes)
+        for name, episode in self.episodes.items():
+            result = self._results.get(name)
+            if (
+                result is not None
+                and episode.phase is Phase.ACTING
+                and episode.action_result is None
+                and (result.attempt, result.action) == (episode.attempt, episode.rung)
+            ):
+                episodes[name] = dataclasses.replace(episode, action_result=result)
+        return episodes
+
+    def _remember(self, plan: Plan, failed: Collection[str], now: float) -> None:
+        self.breaker = plan.breaker
+        if failed:
+            self.stale = True  # what the cluster holds is now the truth
+            return
+        closed = [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
+        self.episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
+        for episode in closed:
+            self._results.pop(episode.node, None)
+        self.history.add(closed)
+        self.history.forget_before(now - self.policy.history_s)
+
+
+def next_deadline(
+    policy: Policy,
+    observations: Mapping[str, NodeObservation],
+    episodes: Mapping[str, Episode],
+    history: Iterable[Episode],
+    plan: Plan,
+    now: float,
+) -> float:
+    """The next time one of the policy's own clocks can change a decision: a layer's
+    tolerance, unknown grace or clear-after, a deferred repair's longest wait, a phase's
+    timeout, the minimum action interval, or the breaker's window. Every timer
+    ``lifecycle`` reads is here, next to it, so a driver never misses one."""
+    candidates: list[float] = []
+    for name, node in observations.items():
+        episode = episodes.get(name)
+        opened = episode.opened_at if episode is not None else now
+        for layer in node.layers.values():
+            if layer.status == TRUE:
+                candidates.append(layer.since + policy.clear_after_s)
+            else:
+                tolerance = policy.tolerance_for(layer.codes)
+                candidates.append(layer.since + policy.unknown_grace_s)
+                candidates.append(max(layer.since, opened) + tolerance)
+                if layer.deferred:
+                    wait = policy.drain_and_reset.max_wait_s
+                    candidates.append(max(layer.since, opened) + wait)
+        if episode is None:
+            continue
+        timeout = {
+            Phase.DRAINING: policy.drain_timeout_s,
+            Phase.ACTING: policy.action_timeout_s,
+            Phase.VERIFYING: policy.verify_timeout_s,
+        }.get(episode.phase)
+        if timeout is not None:
+            candidates.append(episode.phase_since + timeout + PAST_S)
+        if episode.phase is Phase.VERIFYING and policy.verify.applies_to(episode.rung):
+            candidates.append(episode.phase_since + policy.verify.timeout_s + PAST_S)
+        if episode.last_action_at is not None:
+            candidates.append(episode.last_action_at + policy.min_action_interval_s)
+    if plan.breaker.open:  # it closes as the wave leaves its window
+        window = policy.breaker.window_s
+        starts = [e.opened_at for e in [*episodes.values(), *history]]
+        candidates += [t + window for t in starts]
+    return min((c for c in candidates if c > now), default=math.inf)
