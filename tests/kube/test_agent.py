@@ -28,12 +28,14 @@ from gpuguard.agent.metrics import AgentMetrics, serve
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.contract.keys import MEMORY_ANNOTATION, REPORT_ANNOTATION
+from gpuguard.contract.times import parse_time
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import load_api
 from gpuguard.sources import BundleSources, LiveSources, Sources
 from tests.conftest import DATA
 from tests.support.cluster import wait_for
 from tests.support.controlplane import ControlPlane, free_port
+from tests.support.metrics import sample
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 XID79 = (
@@ -110,6 +112,13 @@ def condition_is(plane: ControlPlane, node: str, kind: str, status: str, reason:
         return None
 
     return check
+
+
+def reported_at(plane: ControlPlane, node: str) -> float:
+    """When the agent last wrote its report annotation (0: never)."""
+    annotations = plane.request("GET", f"/api/v1/nodes/{node}")["metadata"].get("annotations")
+    report = (annotations or {}).get(REPORT_ANNOTATION)
+    return parse_time(json.loads(report)["reportedAt"]) if report else 0.0
 
 
 def events_for(plane: ControlPlane, node: str) -> list[dict[str, Any]]:
@@ -203,8 +212,9 @@ def test_xid79_appended_flips_gpu_condition_within_a_second_and_back(
     assert later["status"] == "False"
     assert later["lastTransitionTime"] == broken["lastTransitionTime"]
 
-    # The cause clears with a new boot: a fresh kernel log and a new boot id.
-    time.sleep(1.1)  # condition times have one-second resolution
+    # The cause clears with a new boot: a fresh kernel log and a new boot id. Condition
+    # times have one-second resolution; the heartbeat above is stamped a second later than
+    # the transition already, so the next transition cannot share its second.
     (sources.root / "boot_id").write_text("boot-after-reboot\n")
     fresh = log.with_name("kmsg.new")
     shutil.copy(EXAMPLES / "clean-boot.log", fresh)
@@ -222,17 +232,23 @@ def test_xid79_appended_flips_gpu_condition_within_a_second_and_back(
 def test_api_server_outage_loses_nothing(control_plane, node, start_agent, tmp_path):
     sources, log = bundle_from("healthy-h100", tmp_path)
     running = start_agent(node, sources, log)
+    registry = running.agent.metrics.registry
+
+    def publish_errors() -> float:
+        return sample(registry, "gpuguard_publish_errors_total", kind="unavailable")
+
     wait_for(condition_is(control_plane, node, GPU, "True"))
     control_plane.stop_apiserver()
     try:
         with log.open("a") as handle:
             handle.write(XID79)
-        time.sleep(2)  # the agent sees the line and fails to publish, with backoff
+        # The agent sees the line and fails to publish, with backoff.
+        wait_for(lambda: publish_errors() >= 2, 10, "failed publishes")
         assert running.thread.is_alive()
     finally:
         control_plane.start_apiserver()
     wait_for(condition_is(control_plane, node, GPU, "False", "Xid79"), timeout_s=45)
-    assert running.agent.metrics.publish_errors.labels("unavailable")._value.get() >= 1
+    assert publish_errors() >= 1
 
 
 def test_restart_does_not_flip_a_known_bad_node_healthy(control_plane, node, start_agent, tmp_path):
@@ -254,8 +270,10 @@ def test_restart_does_not_flip_a_known_bad_node_healthy(control_plane, node, sta
 
     # Same boot, but the line is gone from the log (ring buffer wrapped).
     shutil.copy(EXAMPLES / "clean-boot.log", log)
+    restarted = time.time()
     start_agent(node, sources, log)
-    time.sleep(3)  # several check rounds and heartbeats
+    # Its first publish (the conditions, then the report) comes after its first check round.
+    wait_for(lambda: reported_at(control_plane, node) > restarted, what="a report after restart")
     still = conditions(control_plane, node)[GPU]
     assert still["status"] == "False"
     assert still["lastTransitionTime"] == broken["lastTransitionTime"]

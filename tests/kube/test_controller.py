@@ -41,6 +41,7 @@ from tests.support.controllers import (
     tainted,
 )
 from tests.support.controlplane import ControlPlane
+from tests.support.metrics import sample
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -212,7 +213,12 @@ def test_pdb_that_allows_nothing_blocks_the_drain_and_nothing_is_force_deleted(
         "drain timeout",
     )
     assert api.get(f"/api/v1/namespaces/{namespace}/pods/guarded")["metadata"]["name"]
-    assert controller.metrics.evictions.labels("blocked")._value.get() >= 1
+    assert (
+        sample(
+            controller.metrics.registry, "gpuguard_controller_evictions_total", outcome="blocked"
+        )
+        >= 1
+    )
     wait_for(lambda: not node(api, name)["spec"].get("unschedulable"), what="uncordon")
     assert tainted(api, name)
 
@@ -232,14 +238,22 @@ def test_storm_taints_all_drains_within_budget_and_trips_the_breaker(api, start_
     for name in bad:
         set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
     wait_for(lambda: all(tainted(api, n) for n in bad), 30, "every bad node tainted")
-    wait_for(lambda: controller.metrics.breaker_open._value.get() == 1, 10, "breaker open")
+    wait_for(
+        lambda: sample(controller.metrics.registry, "gpuguard_controller_breaker_open") == 1,
+        10,
+        "breaker open",
+    )
     cordoned = [n for n in names if node(api, n)["spec"].get("unschedulable")]
     assert len(cordoned) <= 2
     assert not any(tainted(api, n) for n in names[20:])
     for name in bad:
         set_health(api, name)
     wait_for(lambda: not any(tainted(api, n) for n in bad), 40, "every node untainted")
-    wait_for(lambda: controller.metrics.breaker_open._value.get() == 0, 20, "breaker closed")
+    wait_for(
+        lambda: sample(controller.metrics.registry, "gpuguard_controller_breaker_open") == 0,
+        20,
+        "breaker closed",
+    )
     for name in names:
         api.delete(f"/api/v1/nodes/{name}")
 

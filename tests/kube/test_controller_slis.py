@@ -4,6 +4,7 @@ controller's part, the status conditions, is written by the test)."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from gpuguard.controller.slis import parse_selector
 from gpuguard.kube.rest import KubeApi
 from gpuguard.remediation.policy import Policy
 from tests.support.cluster import make_node, set_health, stamp, wait_for
-from tests.support.controllers import FAST_POLICY, POOL, Running, node_name, tainted
+from tests.support.controllers import FAST_POLICY, POOL, Running, node_name, reconciled, tainted
 from tests.support.controlplane import ControlPlane
 
 FLEET = "gpuguard.test/fleet"
@@ -94,7 +95,7 @@ def test_a_quarantined_node_stops_adding_in_service_seconds(api, fleet, start_co
         return up, down, before, time.monotonic()
 
     up1, down1, before1, after1 = seconds()
-    time.sleep(1.0)
+    time.sleep(1.0)  # a rate needs real time: the SLIs run on the controller's own clock
     up2, down2, before2, after2 = seconds()
     least, most = before2 - after1, after2 - before1
     # One node in service and one out: both grow at one second per second, not two and zero.
@@ -137,6 +138,12 @@ def finish(api: KubeApi, namespace: str, name: str, outcome: str) -> None:
     api.patch(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}/status", {"status": status})
 
 
+def watch_broken(caplog: pytest.LogCaptureFixture) -> bool:
+    return any(
+        "watch of" in r.getMessage() and "jobs broken" in r.getMessage() for r in caplog.records
+    )
+
+
 def jobs_finished(running: Replica) -> tuple[float | None, float | None]:
     return (
         running.sample("gpuguard_jobs_finished_total", outcome="succeeded"),
@@ -145,7 +152,7 @@ def jobs_finished(running: Replica) -> tuple[float | None, float | None]:
 
 
 def test_gpu_jobs_are_counted_once_as_they_finish(
-    api, namespace, control_plane: ControlPlane, start_controller
+    api, namespace, control_plane: ControlPlane, start_controller, caplog
 ):
     early = make_job(api, namespace)
     finish(api, namespace, early, "ok")
@@ -166,12 +173,13 @@ def test_gpu_jobs_are_counted_once_as_they_finish(
     # The API server goes away: the watch breaks and resumes (or lists again).
     control_plane.stop_apiserver()
     try:
-        time.sleep(1)
+        with caplog.at_level(logging.WARNING, logger="gpuguard.controller"):
+            wait_for(lambda: watch_broken(caplog), 10, "the broken watch")
     finally:
         control_plane.start_apiserver()
     finish(api, namespace, pending, "failed")
     wait_for(lambda: jobs_finished(running) == (2, 2), 30, "the Job finished after the outage")
-    time.sleep(1)  # nothing else arrives later
+    reconciled(running.controller)  # a while later: nothing else arrives
     assert jobs_finished(running) == (2, 2)
 
     # A new controller process counts every finished GPU Job still there, once.

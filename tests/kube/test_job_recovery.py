@@ -25,9 +25,11 @@ from tests.support.cluster import install_crd, scratch_namespace, set_health, wa
 from tests.support.controllers import Running, new_controller
 from tests.support.controlplane import REPO
 from tests.support.jobsystem import JobSystem, end_pod, make_kwok_node, released_crd
+from tests.support.metrics import sample
 
 EXAMPLES = REPO / "examples" / "jobs"
 POOL = "karpenter.sh/nodepool"
+ACTIONS, EVICTIONS = "gpuguard_controller_actions_total", "gpuguard_controller_evictions_total"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
@@ -144,7 +146,7 @@ def test_a_drained_job_resumes_on_a_healthy_node_without_a_counted_failure(
 
     second = resumed(api, jobs, name, first)
     assert second["spec"]["nodeName"] == healthy
-    assert controller.metrics.evictions.labels("evicted")._value.get() >= 1
+    assert sample(controller.metrics.registry, EVICTIONS, outcome="evicted") >= 1
     assert not job_status(api, jobs, name).get("failed")
 
     end_pod(api, second, 0)
@@ -164,8 +166,10 @@ def test_a_job_whose_pod_gpuguard_kills_is_not_charged(api, jobs, start_gpuguard
 
     second = resumed(api, jobs, name, first)
     assert second["spec"]["nodeName"] == healthy
-    assert controller.metrics.actions.labels("KillPods", "ok")._value.get() >= 1
-    assert controller.metrics.evictions.labels("evicted")._value.get() == 0  # killed, not evicted
+    assert sample(controller.metrics.registry, ACTIONS, kind="KillPods", result="ok") >= 1
+    assert (
+        sample(controller.metrics.registry, EVICTIONS, outcome="evicted") == 0
+    )  # killed, not evicted
     assert not job_status(api, jobs, name).get("failed")
     set_health(api, sick)  # the job's fault went with its pod
 

@@ -23,12 +23,23 @@ from gpuguard.checks.base import CheckContext
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.contract.keys import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
+from gpuguard.controller.loop import Controller
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
 from gpuguard.sources import BundleSources
 from tests.support.cluster import make_node, wait_for
-from tests.support.controllers import POOL, Running, append, node, node_name, status_of, tainted
+from tests.support.controllers import (
+    FAST_POLICY,
+    POOL,
+    Running,
+    append,
+    node,
+    node_name,
+    reconciled,
+    status_of,
+    tainted,
+)
 from tests.support.controlplane import ControlPlane
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -100,26 +111,30 @@ def report(api: KubeApi, name: str) -> dict[str, Any]:
     return dict(json.loads(annotations(api, name).get(REPORT_ANNOTATION, "{}")))
 
 
-def broken_then_reset(api: KubeApi, start_agent, start_controller, deep: HeldDeepCheck) -> str:
+def broken_then_reset(
+    api: KubeApi, start_agent, start_controller, deep: HeldDeepCheck
+) -> tuple[str, Controller]:
     name = node_name()
     make_node(api, name, labels={POOL: "h100"})
     bundle = start_agent(name, deep)
-    start_controller(**GATE)
+    controller = start_controller(**GATE)
     wait_for(lambda: node(api, name)["status"]["conditions"], what="the agent's first report")
     append(bundle, 48, DBE)
     wait_for(lambda: tainted(api, name), what="quarantine")
     wait_for(lambda: deep.started.is_set(), 40, "the agent running the requested verify")
     assert (bundle / "repairs.log").read_text() == "reset 0000:91:00.0\n"
-    return name
+    return name, controller
 
 
 def test_repaired_node_returns_to_service_only_after_the_verify_passes(
     api, start_agent, start_controller
 ):
     deep = HeldDeepCheck()
-    name = broken_then_reset(api, start_agent, start_controller, deep)
+    name, controller = broken_then_reset(api, start_agent, start_controller, deep)
     stamp = annotations(api, name)[VERIFY_REQUEST_ANNOTATION]
-    time.sleep(2.5)  # past clear_after_s and several heartbeats: healthy, but not verified
+    # Past clear_after_s of healthy reports, reconciled: healthy, but not verified.
+    wait_for(lambda: report(api, name)["layers"]["gpu"]["status"] == "Healthy", 20, "healthy")
+    reconciled(controller, after=time.time() + FAST_POLICY["clear_after_s"])
     assert status_of(api, name)["phase"] == "Verifying" and tainted(api, name)
 
     deep.release.set()
@@ -139,7 +154,7 @@ def test_failed_verify_escalates_instead_of_returning_the_node(api, start_agent,
     )
     deep = HeldDeepCheck([slow])
     deep.release.set()
-    name = broken_then_reset(api, start_agent, start_controller, deep)
+    name, _ = broken_then_reset(api, start_agent, start_controller, deep)
     rung = wait_for(
         lambda: status_of(api, name).get("rung") == "REBOOT" and status_of(api, name),
         30,

@@ -4,6 +4,7 @@ and the questions the tests ask of the cluster about a node."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,8 @@ from gpuguard.controller.providers import provider_for
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi
 from gpuguard.remediation.policy import Policy
+from tests.support.cluster import wait_for
+from tests.support.metrics import sample
 
 POOL = "karpenter.sh/nodepool"
 FAST_POLICY: dict[str, Any] = {
@@ -63,6 +66,22 @@ def new_controller(
         lease_s=3,
         renew_s=1,
     )
+
+
+def reconciles(controller: Controller) -> float:
+    """How many reconciles the controller has finished."""
+    return sample(controller.metrics.registry, "gpuguard_controller_reconcile_seconds_count")
+
+
+def reconciled(controller: Controller, *, after: float | None = None, times: int = 2) -> None:
+    """Wait until ``controller`` has finished ``times`` more reconciles, counted once the
+    wall clock passed ``after`` (default: now): what it would do about the cluster as of
+    then, it has done. The controller runs on the wall clock, so a moment in the future
+    (a policy timer running out) is waited for in real time."""
+    if after is not None:
+        wait_for(lambda: time.time() >= after, max(0.0, after - time.time()) + 5, "the moment")
+    start = reconciles(controller)
+    wait_for(lambda: reconciles(controller) >= start + times, 20, f"{times} reconciles")
 
 
 def node_name() -> str:
