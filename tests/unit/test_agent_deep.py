@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
 
+import msgspec
 import pynvml
 import pytest
 
@@ -213,29 +214,29 @@ def test_failing_suite_fails_the_verify_with_its_codes(schedule):
     deep.request_verify("2025-01-01T00:00:01Z")
     (answer,) = wait_for(lambda: runs, 5, "the verify")
     assert (answer.passed, answer.verdict, answer.codes) == (False, "failed", ["DEEP_MATMUL_SLOW"])
-    entries = deep_entries(answer, answer)
-    assert entries["verify"] == {
+    deep, verify = deep_entries(answer, answer)
+    assert deep is not None and msgspec.to_builtins(verify) == {
         "requestedAt": "2025-01-01T00:00:01Z",
-        "at": entries["deep"]["at"],  # type: ignore[index]
+        "at": deep.at,
         "passed": False,
         "codes": ["DEEP_MATMUL_SLOW"],
     }
 
 
 # --- idle long enough, on a controlled clock -------------------------------------------------
-class Node:
+class Node(FakeClock):
     """A clock the test moves and the GPUs' activity at each moment."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        super().__init__(0.0)
         self.busy: list[tuple[float, float]] = []  # [start, end) spans with a job on the GPUs
 
     def idleness(self) -> Idleness:
-        return BUSY if any(a <= self.now < b for a, b in self.busy) else IDLE
+        return BUSY if any(a <= self.monotonic() < b for a, b in self.busy) else IDLE
 
 
 def stepped(
-    config: Config, node: Node, check: FakeDeepCheck
+    config: Config, node: Node, check: FakeDeepCheck, metrics: AgentMetrics | None = None
 ) -> tuple[DeepSchedule, list[tuple[float, DeepRun]]]:
     runs: list[tuple[float, DeepRun]] = []
     deep = DeepSchedule(

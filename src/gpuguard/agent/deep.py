@@ -24,11 +24,12 @@ from typing import Any
 
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.base import Check, CheckContext
+from gpuguard.checks.load.deep_run import DeepRun
 from gpuguard.checks.nvml import nvml_session
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.config import Config
 from gpuguard.errors import CheckError
-from gpuguard.model import OUTCOME_CODES, CheckResult, Outcome, Severity
+from gpuguard.model import Outcome
 from gpuguard.runner import RepeatingCheck
 from gpuguard.sources import Sources
 
@@ -77,39 +78,6 @@ def nvml_idleness(busy_percent: float) -> Callable[[], Idleness]:
     except ImportError:
         pynvml = None
     return lambda: read_idleness(pynvml, busy_percent)
-
-
-@dataclass(frozen=True)
-class DeepRun:
-    """One finished run of the deep check; ``requested_at`` is the verify stamp it answers."""
-
-    trigger: str  # "schedule" or "verify"
-    result: CheckResult
-    finished_at: float  # epoch seconds, this node's clock
-    requested_at: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        """A verdict with nothing above INFO; no verdict (no PyTorch, hung) never passes."""
-        return self.result.outcome is Outcome.OK and not self.codes
-
-    @property
-    def codes(self) -> list[str]:
-        """What kept it from passing: problem findings, or the reason there was no verdict."""
-        no_verdict = set(OUTCOME_CODES.values())
-        return sorted(
-            {
-                f.code
-                for f in self.result.findings
-                if f.severity > Severity.INFO or f.code in no_verdict
-            }
-        )
-
-    @property
-    def verdict(self) -> str:
-        if self.result.outcome is not Outcome.OK:
-            return str(self.result.outcome)
-        return "passed" if self.passed else "failed"
 
 
 class DeepSchedule:
