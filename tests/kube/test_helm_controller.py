@@ -330,7 +330,7 @@ def test_controller_cluster_role_follows_provider_and_dry_run(helm, values):
         "/nodes": {"get", "list", "watch"}
         | ({"patch"} if acting else set())
         | ({"delete"} if acting and delete_node else set()),
-        "/pods": {"get", "list"} | ({"delete"} if acting else set()),
+        "/pods": {"get", "list", "watch"} | ({"delete"} if acting else set()),
         "batch/jobs": {"list", "watch"},
         **NODEREMEDIATION_RIGHTS,
     }

@@ -81,7 +81,12 @@ def reconciled(controller: Controller, *, after: float | None = None, times: int
     if after is not None:
         wait_for(lambda: time.time() >= after, max(0.0, after - time.time()) + 5, "the moment")
     start = reconciles(controller)
-    wait_for(lambda: reconciles(controller) >= start + times, 20, f"{times} reconciles")
+
+    def done() -> bool:
+        controller.wake()  # passes run at deadlines and on changes: ask for one now
+        return reconciles(controller) >= start + times
+
+    wait_for(done, 20, f"{times} reconciles")
 
 
 def node_name() -> str:

@@ -12,6 +12,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
 from gpuguard.controller.events import EventRecorder
@@ -22,6 +23,7 @@ from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import save_episode, set_request
 from gpuguard.kube.rest import NODES, Json, KubeApi
 from gpuguard.remediation.model import Decision, DecisionKind, Episode, Plan
+from gpuguard.remediation.reconciler import Actuator
 
 log = logging.getLogger("gpuguard.controller")
 # Concurrent API writes per reconcile: nodes in parallel, each node's steps in order.
@@ -44,6 +46,11 @@ class Applier:
         self.events = events
         self.metrics = metrics
         self.dry_run = dry_run
+
+    def for_pass(self, nodes: Mapping[str, Json], now: float) -> Actuator:
+        """The reconciler's actuator for one pass: ``nodes`` are the slim Nodes it may
+        write to (their resourceVersions guard the writes), ``now`` the pass's time."""
+        return _Pass(self, nodes, now)
 
     def apply(
         self, plan: Plan, nodes: Mapping[str, Json], now: float, opened: Collection[str] = ()
@@ -155,3 +162,13 @@ class Applier:
         self.metrics.evictions.labels("failed").inc(counts.failed)
         for problem in counts.problems:
             log.info("eviction: %s", problem)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    applier: Applier
+    nodes: Mapping[str, Json]
+    now: float
+
+    def apply(self, plan: Plan, opened: Collection[str]) -> set[str]:
+        return self.applier.apply(plan, self.nodes, self.now, opened)

@@ -1,64 +1,60 @@
 """``gpuguard controller``: watch the fleet, run the policy, apply its plan; leader only.
 
-The Node watch keeps a slim projection of every Node; a reconcile runs on every change
-(and at least every ``resync_s``) while this replica holds the Lease. The Node cache and a
-Job watch also feed the service-level metrics (controller/slis.py). Episodes are read
-from their NodeRemediation objects when leadership starts (so a new leader continues where
-the last one stopped) and kept in memory after that; any failed write drops that memory so
-the next reconcile reads the cluster again.
+Four watches feed it: Nodes (a slim projection of each, folded into the reconciler's
+attention set and population), NodeRemediations (the agents' answers to requested
+actions), Pods (how drains and deferred repairs progress) and Jobs (the service-level
+metrics, controller/slis.py). While this replica holds the Lease a pass runs on every
+change that can matter and at the reconciler's deadline, the next time one of the
+policy's own clocks runs out; ``resync_s`` is only a safety net. Episodes are read from
+their NodeRemediation objects when leadership starts (so a new leader continues where the
+last one stopped) and kept in memory after that; any failed write drops that memory so
+the next pass reads the cluster again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
-import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
+from gpuguard.clock import SYSTEM_CLOCK, Clock
+from gpuguard.contract.conditions import TRUE
+from gpuguard.contract.errors import ContractError
 from gpuguard.controller.apply import Applier
 from gpuguard.controller.breaker_store import BreakerStore
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.observe import project_node
+from gpuguard.controller.pods import PodCache, slim_pod
 from gpuguard.controller.providers import Provider
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
-from gpuguard.kube import drain
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.fleet import slim_node
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
-from gpuguard.kube.remediations import delete_closed_before, list_episodes, read_result
-from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
-from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
-from gpuguard.remediation.decide import decide
-from gpuguard.remediation.health import deferred_repair, named_gpus
-from gpuguard.remediation.history import History
-from gpuguard.remediation.model import (
-    DecisionKind,
-    Episode,
-    NodeObservation,
-    Phase,
-    Plan,
+from gpuguard.kube.remediations import (
+    NODE_REMEDIATIONS,
+    answer_in,
+    delete_closed_before,
+    list_episodes,
 )
+from gpuguard.kube.rest import NODES, PODS, Json, KubeApi, WatchEvent
+from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
+from gpuguard.metrics_server import LIVENESS_S
+from gpuguard.remediation.health import deferred_repair, named_gpus
+from gpuguard.remediation.model import DecisionKind, NodeObservation, Phase, Plan
 from gpuguard.remediation.policy import Policy
+from gpuguard.remediation.reconciler import Pass, Reconciler
 
 log = logging.getLogger("gpuguard.controller")
 LEASE_NAME = "gpuguard-controller"
 RETRY_S = 2.0
 KEEP_CLOSED_S = 30 * 86400.0  # closed episodes are the audit trail: a month by default
 COLLECT_EVERY_S = 3600.0
-
-
-def _needs_attention(observed: NodeObservation) -> bool:
-    """Not plainly healthy, or carrying our taint, our cordon or our verify request."""
-    return (
-        observed.tainted
-        or observed.cordoned_by_us
-        or observed.verify_request is not None
-        or any(layer.status != "True" for layer in observed.layers.values())
-    )
+RESYNC_S = 300.0  # a pass at least this often, whatever the deadline says
+BEAT_S = LIVENESS_S / 4  # the loop shows it is alive this often, even with nothing to do
 
 
 class Controller:
@@ -73,9 +69,9 @@ class Controller:
         dry_run: bool = False,
         metrics: ControllerMetrics | None = None,
         gpu_nodes: Selector = DEFAULT_GPU_NODES,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         keep_closed_s: float = KEEP_CLOSED_S,
-        resync_s: float = 1.0,
+        resync_s: float = RESYNC_S,
         lease_s: float = 15.0,
         renew_s: float = 5.0,
         retry_s: float = RETRY_S,
@@ -99,16 +95,15 @@ class Controller:
         self.applier = Applier(
             api, provider, EventRecorder(api, identity), self.metrics, dry_run=dry_run
         )
+        self.reconciler = Reconciler(policy)
+        self.pods = PodCache()
         self._nodes: dict[str, Json] = {}
         self._observed: dict[str, NodeObservation] = {}
-        self._attention: set[str] = set()  # not plainly healthy, or ours to clean up
-        self._population: Counter[str] = Counter()  # nodes per pool
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the Node cache and the reconciler's node tracking
         self._wake = threading.Event()
-        self._synced = threading.Event()
+        self._listed: set[str] = set()  # the watches that have delivered their first list
         self.leading = threading.Event()
-        self._episodes: dict[str, Episode] | None = None
-        self._history = History()
+        self.deadline = math.inf  # the last pass's: when it must run again at the latest
 
     # --- running ------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -121,6 +116,8 @@ class Controller:
             )
             for what, path, project, take in (
                 ("nodes", NODES.path(), slim_node, self._take),
+                ("noderemediations", NODE_REMEDIATIONS.path(), None, self._take_answers),
+                ("pods", PODS.path(), slim_pod, self._take_pods),
                 ("jobs", JOBS.path(), slim_job, self._take_jobs),
             )
         ]
@@ -132,18 +129,33 @@ class Controller:
         threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
         while not stop.is_set():
             self.metrics.alive()
-            self._wake.wait(self.resync_s)
+            self._wake.wait(self._wait_s())
             self._wake.clear()
-            if stop.is_set() or not self.leading.is_set() or not self._synced.is_set():
+            if stop.is_set() or not self.leading.is_set() or not self.synced:
                 continue
             try:
                 self.reconcile()
             except KubeError as exc:
-                self._episodes = None
+                self.reconciler.stale = True
                 log.warning("reconcile failed, retrying in %.0fs: %s", self.retry_s, exc)
                 stop.wait(self.retry_s)
         for thread in watches:  # ended by _wake_on_stop; none is left reading the client
             thread.join(WATCH_JOIN_S)
+
+    def wake(self) -> None:
+        """Run a pass now rather than at the deadline (something changed that no watch
+        sees)."""
+        self._wake.set()
+
+    @property
+    def synced(self) -> bool:
+        """Nodes, answers and pods have each been listed once: a pass sees the cluster."""
+        return {"nodes", "answers", "pods"} <= self._listed
+
+    def _wait_s(self) -> float:
+        """Until the deadline (the liveness beat and ``resync_s`` bound it)."""
+        left = self.deadline - self.clock.now()
+        return max(0.0, min(left, self.resync_s, BEAT_S))
 
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
@@ -152,7 +164,7 @@ class Controller:
 
     def _lead(self) -> None:
         log.info("%s leads", self.identity)
-        self._episodes = None  # read the episodes the previous leader wrote
+        self.reconciler.stale = True  # read the episodes the previous leader wrote
         self.metrics.leader.set(1)
         self.slis.leading = True
         self.leading.set()
@@ -190,7 +202,7 @@ class Controller:
         with self._lock:
             if isinstance(item, Snapshot):
                 self._nodes, self._observed = {}, {}
-                self._attention, self._population = set(), Counter()
+                self.reconciler.forget_nodes()
                 for node in item.items:
                     self._put(node)
                 self.slis.nodes_listed(item.items)
@@ -203,10 +215,35 @@ class Controller:
                     self._put(item.object)
                     self.slis.node_seen(item.object)
             version = item.resource_version
-        self._synced.set()
+        self._listed.add("nodes")
         self.metrics.ready.set()
         self._wake.set()
         return version
+
+    def _take_answers(self, item: Snapshot | WatchEvent) -> str:
+        """Answers to requested actions, as the agents (or providers) write them."""
+        objects = item.items if isinstance(item, Snapshot) else [item.object]
+        if isinstance(item, WatchEvent) and item.type == "DELETED":
+            objects = []
+        for obj in objects:
+            try:
+                answer = answer_in(obj)
+            except ContractError as exc:
+                log.warning("ignoring an answer: %s", exc)
+                continue
+            if answer is not None:
+                self.reconciler.take_result(answer.node, answer.opened_at, answer.result)
+        self._listed.add("answers")
+        self._wake.set()
+        return item.resource_version
+
+    def _take_pods(self, item: Snapshot | WatchEvent) -> str:
+        node = self.pods.take(item)
+        self._listed.add("pods")
+        reconciler = self.reconciler
+        if node is None or node in reconciler.episodes or node in reconciler.attention:
+            self._wake.set()  # a drain or a deferred repair may have moved on
+        return item.resource_version
 
     def _take_jobs(self, item: Snapshot | WatchEvent) -> str:
         if isinstance(item, Snapshot):
@@ -222,62 +259,55 @@ class Controller:
         self._drop(name)
         observed = project_node(node, self.policy.pool_label, self.policy.correlation.domain_label)
         self._nodes[name], self._observed[name] = node, observed
-        self._population[observed.pool] += 1
-        if _needs_attention(observed):
-            self._attention.add(name)
+        self.reconciler.track(name, observed)
 
     def _drop(self, name: str) -> None:
         self._nodes.pop(name, None)
-        self._attention.discard(name)
-        old = self._observed.pop(name, None)
-        if old is not None:
-            self._population[old.pool] -= 1
+        self._observed.pop(name, None)
+        self.reconciler.track(name, None)
 
     # --- one pass -----------------------------------------------------------------
     def reconcile(self) -> Plan:
-        now = self.clock()
-        if self._episodes is None:
-            self._episodes, closed = list_episodes(self.api)
-            self._history = History(closed)
-            self._history.forget_before(self._history_horizon())
+        now = self.clock.now()
+        reconciler = self.reconciler
+        if reconciler.stale:
+            episodes, closed = list_episodes(self.api)
             self.breakers.load()
-        episodes = self._refresh_results(self._episodes)
+            reconciler.load(episodes, closed, self.breakers.state)
+            reconciler.history.forget_before(now - self.policy.history_s)
         with self._lock:
             # Only nodes that can need a decision; the population sizes budgets and breaker.
-            wanted = (self._attention | episodes.keys()) & self._nodes.keys()
+            wanted = reconciler.wanted() & self._nodes.keys()
             nodes = {name: self._nodes[name] for name in wanted}
-            observations = {name: self._observed[name] for name in wanted}
-            population = {pool: count for pool, count in self._population.items() if count}
-        for name, episode in episodes.items():
-            if episode.phase is Phase.DRAINING and name in observations:
-                moving = drain.evictable_count(self.api, name, episode.gpus)
-                observations[name] = dataclasses.replace(observations[name], pods_to_move=moving)
-        for name, observed in observations.items():
-            # A deferred repair (drain and reset) waits for the pods on its GPUs; counted
-            # for a node about to open its episode too, so it never starts under them.
-            current = episodes.get(name)
-            waiting = current is None or current.phase is Phase.QUARANTINED
-            if waiting and deferred_repair(observed):
-                running = drain.gpu_pods_running(self.api, name, named_gpus(observed))
-                observations[name] = dataclasses.replace(observed, pods_on_gpus=running)
-        plan = decide(
+            observations = {name: self._with_pods(self._observed[name]) for name in wanted}
+            population = {pool: n for pool, n in reconciler.population.items() if n}
+        done = reconciler.reconcile(
             observations,
-            episodes,
-            self._history,
-            self.breakers.state,
-            self.policy,
             now,
+            self.applier.for_pass(nodes, now),
             breaker_reset=self.breakers.reset_requested(now),
             population=population,
         )
-        opened = plan.episodes.keys() - episodes.keys()
-        failures = self.applier.apply(plan, nodes, now, opened)
-        self._remember(plan, failures)
-        self.breakers.save(plan.breaker)
-        self._observe_metrics(plan, observations, now)
+        self.breakers.save(done.plan.breaker)
+        self.deadline = done.deadline
+        self._observe_metrics(done, observations, now)
         if now - self._collected_at >= COLLECT_EVERY_S:
             self.collect_closed(now)
-        return plan
+        return done.plan
+
+    def _with_pods(self, observed: NodeObservation) -> NodeObservation:
+        """What the pod watch says of the node's drain, or of the work a deferred repair
+        waits for (counted for a node about to open its episode too, so that the repair
+        never starts under running work)."""
+        episode = self.reconciler.episodes.get(observed.name)
+        if episode is not None and episode.phase is Phase.DRAINING:
+            moving = self.pods.to_move(observed.name, episode.gpus)
+            return dataclasses.replace(observed, pods_to_move=moving)
+        waiting = episode is None or episode.phase is Phase.QUARANTINED
+        if waiting and deferred_repair(observed):
+            running = self.pods.on_gpus(observed.name, named_gpus(observed))
+            return dataclasses.replace(observed, pods_on_gpus=running)
+        return observed
 
     def collect_closed(self, now: float) -> int:
         """Delete NodeRemediations of episodes closed more than ``keep_closed_s`` ago, so
@@ -288,43 +318,21 @@ class Controller:
             log.info("deleted %d NodeRemediations closed before the retention window", deleted)
         return deleted
 
-    def _refresh_results(self, episodes: dict[str, Episode]) -> dict[str, Episode]:
-        """Episodes waiting for the agent get the agent's latest answer."""
-        refreshed = dict(episodes)
-        for name, episode in episodes.items():
-            if episode.phase is Phase.ACTING and episode.action_result is None:
-                result = read_result(self.api, episode)
-                if result is not None:
-                    refreshed[name] = dataclasses.replace(episode, action_result=result)
-        return refreshed
-
-    def _remember(self, plan: Plan, failures: set[str]) -> None:
-        if failures:
-            self._episodes = None  # what the cluster holds is now the truth
-            return
-        closed = [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
-        self._episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
-        self._history.add(closed)
-        self._history.forget_before(self._history_horizon())
-
-    def _history_horizon(self) -> float:
-        """Closed episodes older than this matter to no policy rule (lemons, breaker)."""
-        return self.clock() - self.policy.history_s
-
     def _observe_metrics(
-        self, plan: Plan, observations: dict[str, NodeObservation], now: float
+        self, done: Pass, observations: Mapping[str, NodeObservation], now: float
     ) -> None:
+        plan = done.plan
         self.metrics.observe_plan(plan, {n: o.pool for n, o in observations.items()})
         for decision in plan.decisions:
             observed = observations.get(decision.node)
             if decision.kind is DecisionKind.TAINT and observed is not None:
-                bad = [lay.since for lay in observed.layers.values() if lay.status != "True"]
+                bad = [lay.since for lay in observed.layers.values() if lay.status != TRUE]
                 if bad:
-                    self.metrics.to_quarantine.observe(max(0.0, self.clock() - min(bad)))
+                    self.metrics.to_quarantine.observe(max(0.0, self.clock.now() - min(bad)))
             if decision.kind is DecisionKind.RECORD:
                 episode = plan.episodes.get(decision.node)
                 if episode is not None and episode.phase is Phase.CLOSED:
                     self.metrics.to_close.labels(str(episode.resolution)).observe(
                         max(0.0, now - episode.opened_at)
                     )
-        self.metrics.reconcile.observe(self.clock() - now)
+        self.metrics.reconcile.observe(self.clock.now() - now)

@@ -166,6 +166,25 @@ def read_result(api: KubeApi, ep: Episode) -> ActionResult | None:
     return _result(answer)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """An agent's (or provider's) answer, with the episode it belongs to."""
+
+    node: str
+    opened_at: float
+    result: ActionResult
+
+
+def answer_in(obj: Json) -> Answer | None:
+    """The answer a NodeRemediation holds (for a watch of them); ``ContractError`` if the
+    object is malformed."""
+    answer = wire.result_of(obj)
+    if answer is None:
+        return None
+    spec = wire.read_remediation(obj).spec
+    return Answer(spec.node_name, spec.opened_at, _result(answer))
+
+
 def pending_request_for(api: KubeApi, node: str) -> tuple[str, ActionRequest] | None:
     """For the agent: the newest request on ``node``'s open episodes not yet answered."""
     found = api.list(NODE_REMEDIATIONS.path(), field_selector=f"spec.nodeName={node}").items

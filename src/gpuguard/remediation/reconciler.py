@@ -76,7 +76,7 @@ class Reconciler:
         self.population: Counter[str] = Counter()  # nodes per pool
         self.stale = True  # the episodes must be (re)loaded before the next pass
         self._pools: dict[str, str] = {}
-        self._results: dict[str, ActionResult] = {}
+        self._results: dict[tuple[str, float], ActionResult] = {}  # by episode
 
     # --- what the driver tells it -------------------------------------------------
     def load(
@@ -86,7 +86,6 @@ class Reconciler:
         self.episodes = dict(episodes)
         self.history = History(closed)
         self.breaker = breaker
-        self._results.clear()
         self.stale = False
 
     def track(self, name: str, observed: NodeObservation | None) -> None:
@@ -117,9 +116,10 @@ class Reconciler:
         """The nodes a pass must see: those needing attention and those with an episode."""
         return self.attention | self.episodes.keys()
 
-    def take_result(self, node: str, result: ActionResult) -> None:
-        """The agent's (or provider's) answer to a requested action on ``node``."""
-        self._results[node] = result
+    def take_result(self, node: str, opened_at: float, result: ActionResult) -> None:
+        """The agent's (or provider's) answer to a requested action of the episode of
+        ``node`` opened at ``opened_at``."""
+        self._results[node, opened_at] = result
 
     # --- one pass -------------------------------------------------------------------
     def reconcile(
@@ -129,8 +129,13 @@ class Reconciler:
         actuator: Actuator,
         *,
         breaker_reset: bool = False,
+        population: Mapping[str, int] | None = None,
     ) -> Pass:
+        """``population``: a snapshot of the nodes per pool, for a driver whose node
+        watch tracks nodes on another thread; by default the tracked population."""
         before = self._with_results()
+        if population is None:
+            population = {pool: count for pool, count in self.population.items() if count}
         plan = decide(
             observations,
             before,
@@ -139,7 +144,7 @@ class Reconciler:
             self.policy,
             now,
             breaker_reset=breaker_reset,
-            population={pool: count for pool, count in self.population.items() if count},
+            population=population,
         )
         opened = frozenset(plan.episodes.keys() - before.keys())
         failed = frozenset(actuator.apply(plan, opened))
@@ -155,7 +160,7 @@ class Reconciler:
         """Episodes waiting for an answer get the one that answers their rung and attempt."""
         episodes = dict(self.episodes)
         for name, episode in self.episodes.items():
-            result = self._results.get(name)
+            result = self._results.get((name, episode.opened_at))
             if (
                 result is not None
                 and episode.phase is Phase.ACTING
@@ -173,7 +178,7 @@ class Reconciler:
         closed = [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
         self.episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
         for episode in closed:
-            self._results.pop(episode.node, None)
+            self._results.pop((episode.node, episode.opened_at), None)
         self.history.add(closed)
         self.history.forget_before(now - self.policy.history_s)
 

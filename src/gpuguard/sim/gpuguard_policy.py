@@ -85,7 +85,7 @@ class GpuguardPolicy:
         episode = self.reconciler.episodes.get(slot.name)
         if episode is not None and episode.phase is Phase.ACTING and episode.rung is not None:
             result = ActionResult(episode.attempt, episode.rung, succeeded, engine.now)
-            self.reconciler.take_result(slot.name, result)
+            self.reconciler.take_result(slot.name, episode.opened_at, result)
         # After a reset or a boot the agent runs every check and reports at once.
         engine.at(engine.now + 1.0, self.signals_changed, slot)
         self._decide_at(engine.now)

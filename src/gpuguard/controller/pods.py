@@ -1,0 +1,105 @@
+"""The pods on each node, kept from a watch: how a drain and a deferred repair progress.
+
+A draining node's episode waits for its pods to leave, and a deferred repair (drain and
+reset) for the pods on its GPUs to finish; both are counted here from a slim copy of
+every pod, so that a pass needs no pod LIST and a pod leaving wakes the controller.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Collection
+
+from gpuguard.contract.keys import GPU_IDS_ANNOTATION
+from gpuguard.kube import drain
+from gpuguard.kube.rest import Json, WatchEvent
+from gpuguard.kube.watch import Snapshot
+
+_KEPT_ANNOTATIONS = (drain.MIRROR_ANNOTATION, GPU_IDS_ANNOTATION)
+
+
+def slim_pod(pod: Json) -> Json:
+    """What the drain rules read of a pod: owners, the two annotations, deletion, the
+    containers' GPU resources and the phase."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = metadata.get("annotations") or {}
+    kept: Json = {
+        "name": metadata.get("name", ""),
+        "namespace": metadata.get("namespace", ""),
+        "uid": metadata.get("uid", ""),
+        "resourceVersion": metadata.get("resourceVersion", ""),
+        "ownerReferences": [
+            {"kind": owner.get("kind", "")} for owner in metadata.get("ownerReferences") or []
+        ],
+        "annotations": {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations},
+    }
+    if metadata.get("deletionTimestamp"):
+        kept["deletionTimestamp"] = metadata["deletionTimestamp"]
+    return {
+        "metadata": kept,
+        "spec": {
+            "nodeName": spec.get("nodeName", ""),
+            "containers": _resources(spec.get("containers")),
+            "initContainers": _resources(spec.get("initContainers")),
+        },
+        "status": {"phase": (pod.get("status") or {}).get("phase", "")},
+    }
+
+
+def _resources(containers: object) -> list[Json]:
+    if not isinstance(containers, list):
+        return []
+    return [{"resources": c.get("resources") or {}} for c in containers if isinstance(c, dict)]
+
+
+class PodCache:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_node: dict[str, dict[str, Json]] = defaultdict(dict)  # node -> uid -> pod
+        self._node_of: dict[str, str] = {}  # uid -> node
+
+    def take(self, item: Snapshot | WatchEvent) -> str | None:
+        """Fold a watch item in; returns the node it concerns (None for a snapshot or an
+        unscheduled pod)."""
+        with self._lock:
+            if isinstance(item, Snapshot):
+                self._by_node.clear()
+                self._node_of.clear()
+                for pod in item.items:
+                    self._put(pod)
+                return None
+            uid = item.object["metadata"]["uid"]
+            before = self._drop(uid)
+            if item.type != "DELETED":
+                return self._put(item.object) or before
+            return before
+
+    def to_move(self, node: str, gpus: Collection[str] = ()) -> int:
+        """The pods a drain of ``node`` (of ``gpus``, if named) still has to move."""
+        with self._lock:
+            return len(drain.pods_still_to_move(self._by_node.get(node, {}).values(), gpus))
+
+    def on_gpus(self, node: str, gpus: Collection[str] = ()) -> int:
+        """The pods still running on ``gpus`` of ``node`` (every GPU pod when none named)."""
+        with self._lock:
+            return drain.gpu_pods_on(self._by_node.get(node, {}).values(), gpus)
+
+    def _put(self, pod: Json) -> str | None:
+        node = pod["spec"]["nodeName"]
+        if not node:
+            return None
+        uid = pod["metadata"]["uid"]
+        self._by_node[node][uid] = pod
+        self._node_of[uid] = node
+        return str(node)
+
+    def _drop(self, uid: str) -> str | None:
+        node = self._node_of.pop(uid, None)
+        if node is not None:
+            pods = self._by_node[node]
+            pods.pop(uid, None)
+            if not pods:
+                del self._by_node[node]
+        return node

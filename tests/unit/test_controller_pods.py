@@ -1,0 +1,56 @@
+"""The pod cache the controller keeps from its pod watch."""
+
+from __future__ import annotations
+
+from gpuguard.controller.pods import PodCache, slim_pod
+from gpuguard.kube.rest import WatchEvent
+from gpuguard.kube.watch import Snapshot
+
+GPU = "0000:1b:00.0"
+
+
+def pod(name: str, node: str, *, gpus: int = 1, owner: str = "Job", **extra: object) -> dict:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    body = {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": f"uid-{name}",
+            "ownerReferences": [{"kind": owner, "name": "x", "uid": "o"}],
+            "annotations": {"gpuguard.io/gpu-ids": GPU, "unrelated": "dropped"},
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": limits}}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready"}]},
+    }
+    body["metadata"].update(extra)
+    return body
+
+
+def event(kind: str, obj: dict) -> WatchEvent:
+    return WatchEvent(kind, slim_pod(obj))
+
+
+def test_the_slim_pod_keeps_what_the_drain_rules_read_and_nothing_else():
+    slim = slim_pod(pod("a", "n1", deletionTimestamp="2026-12-01T00:00:00Z"))
+    assert slim["metadata"]["annotations"] == {"gpuguard.io/gpu-ids": GPU}
+    assert "managedFields" not in slim["metadata"] and "conditions" not in slim["status"]
+    assert slim["metadata"]["deletionTimestamp"] and slim["metadata"]["ownerReferences"]
+
+
+def test_counts_follow_the_watch():
+    cache = PodCache()
+    cache.take(Snapshot([slim_pod(p) for p in (pod("a", "n1"), pod("b", "n2"))], "1"))
+    assert (cache.to_move("n1"), cache.on_gpus("n1", [GPU]), cache.to_move("n3")) == (1, 1, 0)
+    daemon = pod("d", "n1", owner="DaemonSet")
+    assert cache.take(event("ADDED", daemon)) == "n1"
+    assert cache.to_move("n1") == 1  # a DaemonSet pod is never moved
+    leaving = pod("a", "n1", deletionTimestamp="2026-12-01T00:00:00Z")
+    cache.take(event("MODIFIED", leaving))
+    assert cache.to_move("n1") == 1  # terminating still holds the GPU
+    assert cache.take(event("DELETED", leaving)) == "n1"
+    assert cache.to_move("n1") == cache.on_gpus("n1", [GPU]) == 0
+    # A pod rescheduled elsewhere under the same uid leaves its old node.
+    assert cache.take(event("MODIFIED", pod("b", "n3"))) == "n3"
+    assert (cache.to_move("n2"), cache.to_move("n3")) == (0, 1)
+    assert cache.take(event("ADDED", pod("p", ""))) is None  # not scheduled yet
