@@ -191,14 +191,14 @@ class LiveSources:
         return ToolOutput(body.decode("utf-8", errors="replace"), 0, url)
 
     def _kernel_log(self, timeout_s: float) -> ToolOutput:
-        choice = self._config.kernel_log
-        if choice not in ("auto", "kmsg", "journalctl", "dmesg"):
-            return read_file(Path(choice))
+        methods = kernel_log_methods(self._config.kernel_log, follow=False)
+        if methods is None:
+            return read_file(Path(self._config.kernel_log))
         attempts: list[str] = []
-        for method in ("kmsg", "journalctl", "dmesg") if choice == "auto" else (choice,):
+        for method in methods:
             try:
                 if method == "kmsg":
-                    return read_kmsg_snapshot(Path("/dev/kmsg"))
+                    return read_kmsg_snapshot(KMSG)
                 if method == "journalctl":
                     argv = [self.tool("journalctl"), "-k", "-b", "--no-pager", "-q"]
                 else:
@@ -212,6 +212,48 @@ class LiveSources:
         raise CheckFailed("kernel log unreadable: " + "; ".join(attempts))
 
 
+# The kernel log's sources, in the order ``auto`` tries them. dmesg prints the ring buffer
+# and exits: it gives a snapshot (``gpuguard check``) but cannot be followed (the agent).
+KERNEL_LOG_METHODS = ("kmsg", "journalctl", "dmesg")
+FOLLOWABLE_METHODS = ("kmsg", "journalctl")
+KMSG = Path("/dev/kmsg")
+KMSG_RECORD_BYTES = 8192  # more than the kernel's longest record
+
+
+def kernel_log_methods(choice: str, *, follow: bool) -> tuple[str, ...] | None:
+    """The methods a ``kernel_log`` setting means, in the order to try them; None when it
+    names a file. A method that cannot be followed is a ValueError when ``follow``."""
+    if choice == "auto":
+        return FOLLOWABLE_METHODS if follow else KERNEL_LOG_METHODS
+    if choice not in KERNEL_LOG_METHODS:
+        return None
+    if follow and choice not in FOLLOWABLE_METHODS:
+        others = " or ".join(FOLLOWABLE_METHODS)
+        raise ValueError(f"kernel_log: {choice} cannot be followed; use auto, {others}")
+    return (choice,)
+
+
+def drain_kmsg(fd: int) -> list[bytes]:
+    """Every record a non-blocking ``/dev/kmsg`` descriptor holds now, oldest first."""
+    records: list[bytes] = []
+    while True:
+        try:
+            record = os.read(fd, KMSG_RECORD_BYTES)
+        except BlockingIOError:
+            return records
+        except BrokenPipeError:
+            continue  # the ring buffer overwrote records we had not read yet
+        if not record:
+            return records
+        records.append(record)
+
+
+def kmsg_message(record: bytes) -> str:
+    """A record's message line: "prio,seq,usec,flags;message" (the " KEY=value" lines
+    after it are dropped)."""
+    return record.decode("utf-8", errors="replace").split("\n", 1)[0]
+
+
 def read_kmsg_snapshot(path: Path) -> ToolOutput:
     """Everything currently in the kernel ring buffer, read without blocking."""
     try:
@@ -220,18 +262,8 @@ def read_kmsg_snapshot(path: Path) -> ToolOutput:
         raise ToolMissing(f"{path}: not present") from None
     except OSError as exc:
         raise CheckFailed(f"{path}: cannot open: {exc.strerror}") from None
-    records: list[bytes] = []
     try:
-        while True:
-            try:
-                record = os.read(fd, 8192)
-            except BlockingIOError:
-                break
-            except BrokenPipeError:
-                continue  # the ring buffer overwrote records we had not read yet
-            if not record:
-                break
-            records.append(record)
+        records = drain_kmsg(fd)
     finally:
         os.close(fd)
     text = b"".join(records).decode("utf-8", errors="replace")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuguard.agent.daemon import Agent
-from gpuguard.agent.follow import FileFollower
+from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config

@@ -17,7 +17,7 @@ import pytest
 
 from gpuguard.agent.daemon import Agent
 from gpuguard.agent.deep import Activity, Idleness
-from gpuguard.agent.follow import FileFollower
+from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.registry import default_checks

@@ -18,7 +18,7 @@ import msgspec
 import pynvml
 import pytest
 
-from gpuguard.agent.daemon import Agent, deep_entries
+from gpuguard.agent.daemon import Agent
 from gpuguard.agent.deep import (
     Activity,
     DeepRun,
@@ -26,8 +26,9 @@ from gpuguard.agent.deep import (
     Idleness,
     read_idleness,
 )
-from gpuguard.agent.follow import FileFollower
+from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.metrics import AgentMetrics
+from gpuguard.agent.publisher import deep_entries
 from gpuguard.checks.base import CheckContext
 from gpuguard.config import Config
 from gpuguard.errors import ToolMissing

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from gpuguard.agent.follow import FileFollower
-from gpuguard.agent.kernel_state import (
+from gpuguard.agent.kernel_log.followers import FileFollower
+from gpuguard.agent.kernel_log.state import (
     REMEMBERED_SOURCE,
     KernelState,
     lasting,

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from gpuguard.agent.daemon import Agent
-from gpuguard.agent.follow import Follower, follower_for
+from gpuguard.agent.kernel_log.followers import Follower, follower_for
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config, load_config
@@ -52,7 +52,7 @@ def run_agent(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise ConfigError("--node-name (or NODE_NAME) is required to publish conditions")
     # Imported here: the Kubernetes client costs start-up time the other commands skip.
-    from gpuguard.agent.repair import BundleRepair, NvidiaSmiRepair, RepairBackend, RepairExecutor
+    from gpuguard.agent.repair import BundleRepair, NvidiaSmiRepair, RepairBackend
     from gpuguard.kube.client import NodeApi
     from gpuguard.kube.rest import load_api
 
@@ -70,7 +70,7 @@ def run_agent(args: argparse.Namespace) -> int:
     else:
         smi = config.tools.get("nvidia-smi") or shutil.which("nvidia-smi") or "nvidia-smi"
         backend = NvidiaSmiRepair(smi, config.reboot_command)
-    executor = RepairExecutor(kube, args.node_name, backend, agent.after_repair)
+    executor = agent.orders.repairs(kube, backend)
     threading.Thread(target=executor.run, args=(stop,), name="repairs", daemon=True).start()
     log.info(
         "gpuguard agent publishing %s conditions for node %s; kernel log: %s",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import calendar
 import datetime
+import math
 import re
 from decimal import Decimal
 
@@ -27,6 +28,11 @@ def format_time(seconds: float) -> str:
     fraction = format(exact - whole, "f")  # "0", "0.5", "0.000001"...
     digits = fraction.partition(".")[2].rstrip("0")
     return _utc(whole) + (f".{digits}" if digits else "") + "Z"
+
+
+def format_whole_time(seconds: float) -> str:
+    """A Kubernetes ``Time`` (whole seconds, the fraction dropped), as conditions carry."""
+    return _utc(math.floor(seconds)) + "Z"
 
 
 def format_micro_time(seconds: float) -> str:

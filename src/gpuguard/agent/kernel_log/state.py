@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuguard.checks.kernel_incidents import devices_named, findings_for_events
-from gpuguard.checks.kernel_log import KernelEvent, scan
+from gpuguard.checks.kernel_log import KernelEvent, KernelLogCheck, scan
 from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.contract.errors import ContractError
 from gpuguard.contract.memory import decode_memory
@@ -23,8 +23,8 @@ from gpuguard.model import Finding, Severity
 from gpuguard.model import normalize_pci_bus_id as gpu_id
 
 log = logging.getLogger("gpuguard.agent")
-SOURCE = "kernel-log"
-REMEMBERED_SOURCE = "kernel-log (remembered across agent restart)"
+SOURCE = KernelLogCheck.name
+REMEMBERED_SOURCE = f"{SOURCE} (remembered across agent restart)"
 
 
 class KernelState:

@@ -15,6 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from gpuguard.sources import (
+    KMSG,
+    KMSG_RECORD_BYTES,
+    drain_kmsg,
+    kernel_log_methods,
+    kmsg_message,
+)
+
 LinesCallback = Callable[[list[str], bool], None]
 POLL_S = 0.1
 
@@ -65,42 +73,24 @@ class FileFollower:
 class KmsgFollower:
     """``/dev/kmsg``: one record per read, blocking; starts at the oldest record kept."""
 
-    description = "/dev/kmsg"
+    description = str(KMSG)
 
-    def __init__(self, path: Path = Path("/dev/kmsg")) -> None:
+    def __init__(self, path: Path = KMSG) -> None:
         self.path = path
 
     def follow(self, on_lines: LinesCallback, stop: threading.Event) -> None:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            on_lines(self._drain(fd), True)
+            on_lines([kmsg_message(record) for record in drain_kmsg(fd)], True)
             os.set_blocking(fd, True)
             while not stop.is_set():
                 try:
-                    record = os.read(fd, 8192)
+                    record = os.read(fd, KMSG_RECORD_BYTES)
                 except BrokenPipeError:
                     continue  # records were overwritten before we read them
-                on_lines([_kmsg_message(record)], False)
+                on_lines([kmsg_message(record)], False)
         finally:
             os.close(fd)
-
-    @staticmethod
-    def _drain(fd: int) -> list[str]:
-        lines: list[str] = []
-        while True:
-            try:
-                record = os.read(fd, 8192)
-            except BlockingIOError:
-                return lines
-            except BrokenPipeError:
-                continue
-            lines.append(_kmsg_message(record))
-
-
-def _kmsg_message(record: bytes) -> str:
-    # "prio,seq,usec,flags;message\n KEY=value\n...": the message is the first line.
-    text = record.decode("utf-8", errors="replace")
-    return text.split("\n", 1)[0]
 
 
 class JournalFollower:
@@ -132,13 +122,13 @@ class JournalFollower:
 
 
 def follower_for(choice: str, bundle_log: Path | None = None) -> Follower:
-    """The follower for the ``kernel_log`` setting (``auto``, ``kmsg``, ``journalctl``, path)."""
+    """The follower for the ``kernel_log`` setting (``auto``, ``kmsg``, ``journalctl``, path);
+    ``auto`` reads ``/dev/kmsg`` where it may, journald elsewhere."""
     if bundle_log is not None:
         return FileFollower(bundle_log)
-    if choice == "kmsg" or (choice == "auto" and os.access("/dev/kmsg", os.R_OK)):
+    methods = kernel_log_methods(choice, follow=True)
+    if methods is None:
+        return FileFollower(Path(choice))
+    if methods == ("kmsg",) or ("kmsg" in methods and os.access(KMSG, os.R_OK)):
         return KmsgFollower()
-    if choice in ("auto", "journalctl"):
-        return JournalFollower()
-    if choice == "dmesg":
-        raise ValueError("kernel_log: dmesg cannot be followed; use auto, kmsg or journalctl")
-    return FileFollower(Path(choice))
+    return JournalFollower()
