@@ -14,11 +14,11 @@ import random
 import time
 from collections.abc import Sequence
 
+from gpuguard.contract.report import LayerReport
 from gpuguard.model import Action
 from gpuguard.remediation.decide import decide
 from gpuguard.remediation.history import History
 from gpuguard.remediation.model import BreakerState, Episode, NodeObservation, Phase, Resolution
-from gpuguard.contract.report import LayerReport
 from gpuguard.remediation.policy import Policy
 
 NOW = 1_000_000_000.0
