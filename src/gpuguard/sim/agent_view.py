@@ -3,9 +3,10 @@
 A node's signals (kernel log lines since boot, GPU facts, RDMA ports, a hung check) go
 through the same functions the agent runs: ``kernel_log.classify_log`` with the Xid
 catalog, ``gpu_facts.evaluate_gpus``, ``network.evaluate_ports``, ``runner.assess`` (fail
-closed), the agent's conditions and report annotation, and the controller's
-``project_node``. Identical signals give identical verdicts, so each distinct set is
-classified once per run.
+closed), then ``contract.layer_reports`` (the conditions and report annotation the agent
+publishes, as the controller reads them) and ``remediation.health.as_policy_reads``.
+Identical signals give identical verdicts, so each distinct set is classified once per
+run.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def kernel_line(signal: Signal, gpu: int) -> str | None:
 
 
 def is_application_line(line: str) -> bool:
-    """Application Xids leave the agent's verdict after a time to live (kernel_state)."""
+    """Application Xids leave the agent's verdict after a time to live (agent/kernel_log/state.py)."""
     event = parse_line(line)
     return event is not None and event.code is not None and rule_for(event.code).application
 
