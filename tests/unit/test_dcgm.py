@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuguard.checks.base import Check, CheckContext
-from gpuguard.checks.dcgm import (
+from gpuguard.checks.dcgm.check import (
     DcgmCheck,
     DcgmExporterCheck,
     evaluate_exporter,
@@ -25,7 +25,7 @@ from gpuguard.checks.dcgm import (
     parse_exporter_metrics,
     parse_health,
 )
-from gpuguard.checks.dcgm_common import is_blank
+from gpuguard.checks.dcgm.common import is_blank
 from gpuguard.config import Config
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
 from gpuguard.model import CHECK_FAILED, NODE, Action, Component, Finding, Layer, Severity

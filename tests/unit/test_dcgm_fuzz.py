@@ -14,13 +14,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.checks.dcgm import (
+from gpuguard.checks.dcgm.check import (
     evaluate_exporter,
     parse_diag,
     parse_exporter_metrics,
     parse_health,
 )
-from gpuguard.checks.dcgm_diag import DOCUMENT_KEYS, read_results
+from gpuguard.checks.dcgm.diag import DOCUMENT_KEYS, read_results
 from gpuguard.errors import ParseError
 from gpuguard.model import Finding
 

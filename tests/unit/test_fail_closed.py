@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.dcgm import DcgmCheck
-from gpuguard.checks.smi import SmiCheck
+from gpuguard.checks.dcgm.check import DcgmCheck
+from gpuguard.checks.nvidia_smi.check import SmiCheck
 from gpuguard.cli import main
 from gpuguard.config import Config
 from gpuguard.model import Layer, Outcome, Status

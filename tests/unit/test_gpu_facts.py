@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
-from gpuguard.checks.smi_xml import parse_smi_xml
+from gpuguard.checks.nvidia_smi.xml_format import parse_smi_xml
 from gpuguard.config import DeepChecks, GpuFigures
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
 from tests.conftest import read_data

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.checks.kernel_log import classify_log, parse_line, scan
+from gpuguard.checks.kernel_log.check import classify_log, scan
+from gpuguard.checks.kernel_log.messages import parse_line
 from gpuguard.model import Action, Layer, Severity
 from tests.conftest import read_data
 

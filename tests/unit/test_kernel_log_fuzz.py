@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.checks.kernel_log import classify_log
+from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.model import Action, Severity
 from tests.conftest import DATA
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuguard.agent.kernel_log.state import KernelState
-from gpuguard.checks.kernel_log import classify_log
+from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.model import NODE, Action, Layer, Severity, Status, assess_layer, gpu
 
 ROWS = list(

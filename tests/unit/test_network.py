@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.checks import network
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.ibstat import parse_ibstat
-from gpuguard.checks.network import (
+from gpuguard.checks.network import check as network
+from gpuguard.checks.network.check import (
     NetworkCheck,
     counter_deltas,
     evaluate_ports,
     read_infiniband_sysfs,
 )
+from gpuguard.checks.network.ibstat import parse_ibstat
 from gpuguard.config import Config
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Severity, nic

@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.checks.ibstat import IbstatPorts, parse_ibstat
-from gpuguard.checks.network import read_infiniband_sysfs
+from gpuguard.checks.network.check import read_infiniband_sysfs
+from gpuguard.checks.network.ibstat import IbstatPorts, parse_ibstat
 from gpuguard.errors import ParseError
 from tests.conftest import read_data
 from tests.unit.ib_tree import h100_tree

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.ibstat import parse_ibstat
-from gpuguard.checks.network import NetworkCheck, Role, assign_roles, evaluate_ports
-from gpuguard.checks.network_sysfs import read_infiniband_sysfs
+from gpuguard.checks.network.check import NetworkCheck, Role, assign_roles, evaluate_ports
+from gpuguard.checks.network.ibstat import parse_ibstat
+from gpuguard.checks.network.sysfs import read_infiniband_sysfs
 from gpuguard.config import Config, NetworkConfig, load_config
 from gpuguard.errors import ConfigError
 from gpuguard.model import Action, Finding, Severity, Status

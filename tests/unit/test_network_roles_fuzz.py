@@ -10,8 +10,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.checks.network import evaluate_ports, in_scope, link_layer_of
-from gpuguard.checks.network_sysfs import read_infiniband_sysfs
+from gpuguard.checks.network.check import evaluate_ports, in_scope, link_layer_of
+from gpuguard.checks.network.sysfs import read_infiniband_sysfs
 from gpuguard.config import NetworkConfig
 from gpuguard.model import Action
 from tests.unit.ib_tree import PHYS_STATES, RATES, STATES, write

@@ -21,11 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.checks import dcgm_diag, dcgm_exporter, dcgm_health, gpu_facts, smi, xid_catalog
+from gpuguard.checks import gpu_facts, xid_catalog
+from gpuguard.checks.dcgm import diag as dcgm_diag
+from gpuguard.checks.dcgm import exporter as dcgm_exporter
+from gpuguard.checks.dcgm import health as dcgm_health
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
-from gpuguard.checks.kernel_log import classify_log
+from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.checks.load import judge
 from gpuguard.checks.load.nic_loopback import judge_loopback
+from gpuguard.checks.nvidia_smi import check as smi
 from gpuguard.contract.conditions import PROFILES, desired_conditions
 from gpuguard.contract.keys import REPORT_ANNOTATION
 from gpuguard.contract.report import ReportDocument, encode_report, layer_entries

@@ -9,10 +9,10 @@ import pytest
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import evaluate_gpus
-from gpuguard.checks.smi import SmiCheck, parse_smi_text, parse_smi_xml
-from gpuguard.checks.smi_common import measured, number
-from gpuguard.checks.smi_text import read_smi_text
-from gpuguard.checks.smi_xml import read_smi_xml
+from gpuguard.checks.nvidia_smi.check import SmiCheck, parse_smi_text, parse_smi_xml
+from gpuguard.checks.nvidia_smi.common import measured, number
+from gpuguard.checks.nvidia_smi.text_format import read_smi_text
+from gpuguard.checks.nvidia_smi.xml_format import read_smi_xml
 from gpuguard.config import Config
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Severity

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuguard.checks.gpu_facts import GpuFacts
-from gpuguard.checks.smi import parse_smi_text, parse_smi_xml
+from gpuguard.checks.nvidia_smi.check import parse_smi_text, parse_smi_xml
 from gpuguard.errors import ParseError
 
 DATA = Path(__file__).parent.parent / "data"

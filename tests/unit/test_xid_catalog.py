@@ -11,7 +11,7 @@ import csv
 
 import pytest
 
-from gpuguard.checks.kernel_log import classify_log
+from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.checks.xid_catalog import BUCKET_RULES, NVLINK5_XIDS, OVERRIDES, catalog, rule_for
 from gpuguard.model import Action, Severity
 from tests.conftest import DATA

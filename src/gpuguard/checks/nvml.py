@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import CLOCK_EVENT_REASONS, GpuFacts, NvLinkFacts, evaluate_gpus
-from gpuguard.checks.smi_common import total
+from gpuguard.checks.nvidia_smi.common import total
 from gpuguard.checks.xid_catalog import xid_finding
 from gpuguard.errors import CheckError, CheckFailed, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Severity, gpu

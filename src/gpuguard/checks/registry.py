@@ -7,11 +7,11 @@ Adding a source means adding a module under ``checks/`` with a class that implem
 from __future__ import annotations
 
 from gpuguard.checks.base import Check, Fallback
-from gpuguard.checks.dcgm import DcgmCheck, DcgmExporterCheck
-from gpuguard.checks.kernel_log import KernelLogCheck
-from gpuguard.checks.network import NetworkCheck
+from gpuguard.checks.dcgm.check import DcgmCheck, DcgmExporterCheck
+from gpuguard.checks.kernel_log.check import KernelLogCheck
+from gpuguard.checks.network.check import NetworkCheck
+from gpuguard.checks.nvidia_smi.check import SmiCheck
 from gpuguard.checks.nvml import NvmlCheck
-from gpuguard.checks.smi import SmiCheck
 
 # GPU sources in order of preference: DCGM, then NVML, then nvidia-smi. The kernel log
 # comes first so that its Xid lines (the richest evidence) win when sources overlap.

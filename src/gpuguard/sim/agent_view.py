@@ -17,14 +17,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
-from gpuguard.checks.kernel_log import classify_log, parse_line, scan
+from gpuguard.checks.kernel_log.check import classify_log, scan
+from gpuguard.checks.kernel_log.messages import parse_line
 from gpuguard.checks.load.backend import DeviceInfo
 from gpuguard.checks.load.deep_run import DeepRun
 from gpuguard.checks.load.figures import expected_for, load_table
 from gpuguard.checks.load.judge import SOURCE as DEEP_CHECK
 from gpuguard.checks.load.judge import judge
 from gpuguard.checks.load.measure import DeviceMeasurement, NodeMeasurement
-from gpuguard.checks.network import PortRecord, evaluate_ports
+from gpuguard.checks.network.check import PortRecord, evaluate_ports
 from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.config import DeepChecks
 from gpuguard.contract.conditions import PROFILES
@@ -80,7 +81,8 @@ def kernel_line(signal: Signal, gpu: int) -> str | None:
 
 
 def is_application_line(line: str) -> bool:
-    """Application Xids leave the agent's verdict after a time to live (agent/kernel_log/state.py)."""
+    """Application Xids leave the agent's verdict after a time to live (as in
+    agent/kernel_log/state.py)."""
     event = parse_line(line)
     return event is not None and event.code is not None and rule_for(event.code).application
 

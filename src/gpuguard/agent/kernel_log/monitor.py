@@ -16,7 +16,7 @@ from gpuguard.agent.kernel_log.followers import Follower
 from gpuguard.agent.kernel_log.state import KernelState, lasting, recall
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.agent.node_state import NodeState
-from gpuguard.checks.kernel_log import KernelLogCheck
+from gpuguard.checks.kernel_log.check import KernelLogCheck
 from gpuguard.clock import Clock
 from gpuguard.contract.memory import encode_memory
 from gpuguard.model import CheckResult, Finding, Layer, NodeReport, Outcome

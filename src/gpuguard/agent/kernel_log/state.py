@@ -14,8 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from gpuguard.checks.kernel_incidents import devices_named, findings_for_events
-from gpuguard.checks.kernel_log import KernelEvent, KernelLogCheck, scan
+from gpuguard.checks.kernel_log.check import KernelLogCheck, scan
+from gpuguard.checks.kernel_log.incidents import devices_named, findings_for_events
+from gpuguard.checks.kernel_log.messages import KernelEvent
 from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.contract.errors import ContractError
 from gpuguard.contract.memory import decode_memory

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.load.perftest import Bandwidth, parse_fi_pingpong, parse_perftest_bw
-from gpuguard.checks.network_sysfs import PortRecord, read_infiniband_sysfs
+from gpuguard.checks.network.sysfs import PortRecord, read_infiniband_sysfs
 from gpuguard.errors import CheckError, CheckFailed, NotApplicable, ToolMissing
 from gpuguard.model import Action, Component, Finding, Layer, Severity, nic
 from gpuguard.sources import LiveSources, run_tool

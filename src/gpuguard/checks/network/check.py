@@ -6,7 +6,7 @@ jobs use: a node's front-end Ethernet NICs appear too, often administratively do
 port first gets a role (:func:`assign_roles`), and only fabric ports are judged; a port
 outside the fabric never gets a finding that asks for an action.
 
-Roles: see :mod:`gpuguard.checks.network_roles`.
+Roles: see :mod:`gpuguard.checks.network.roles`.
 
 What the findings mean (fabric ports only):
 
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.ibstat import IbPanic, IbstatPorts, parse_ibstat
-from gpuguard.checks.network_roles import (
+from gpuguard.checks.network.ibstat import IbPanic, IbstatPorts, parse_ibstat
+from gpuguard.checks.network.roles import (
     EFA,
     ETHERNET,
     INFINIBAND,
@@ -56,7 +56,7 @@ from gpuguard.checks.network_roles import (
     in_scope,
     link_layer_of,
 )
-from gpuguard.checks.network_sysfs import (
+from gpuguard.checks.network.sysfs import (
     ACTIVE,
     ACTIVE_DEFER,
     ARMED,

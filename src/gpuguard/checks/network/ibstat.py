@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpuguard.checks.network_sysfs import (
+from gpuguard.checks.network.sysfs import (
     PortRecord,
     is_decimal,
     parse_sysfs_rate,

@@ -1,6 +1,7 @@
 """The nvidia-smi check: the GPU facts of ``nvidia-smi -q -x``, or of ``-q`` without XML.
 
-Parsing lives in :mod:`~gpuguard.checks.smi_xml` and :mod:`~gpuguard.checks.smi_text`;
+Parsing lives in :mod:`~gpuguard.checks.nvidia_smi.xml_format` and
+:mod:`~gpuguard.checks.nvidia_smi.text_format`;
 what the facts mean is decided by :func:`~gpuguard.checks.gpu_facts.evaluate_gpus`, the
 same as for NVML.
 """
@@ -12,9 +13,9 @@ from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import RULES, evaluate_gpus
-from gpuguard.checks.smi_common import SmiReport
-from gpuguard.checks.smi_text import parse_smi_text, read_smi_text
-from gpuguard.checks.smi_xml import parse_smi_xml, read_smi_xml
+from gpuguard.checks.nvidia_smi.common import SmiReport
+from gpuguard.checks.nvidia_smi.text_format import parse_smi_text, read_smi_text
+from gpuguard.checks.nvidia_smi.xml_format import parse_smi_xml, read_smi_xml
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
 from gpuguard.sources import Artifact, ToolOutput

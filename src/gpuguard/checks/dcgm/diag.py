@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
-from gpuguard.checks.dcgm_common import (
+from gpuguard.checks.dcgm.common import (
     JsonObject,
     dcgm_entity,
     describe_exit,

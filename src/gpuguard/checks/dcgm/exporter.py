@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuguard.checks.dcgm_common import dcgm_entity, int_text, is_blank, small_int
+from gpuguard.checks.dcgm.common import dcgm_entity, int_text, is_blank, small_int
 from gpuguard.checks.xid_catalog import xid_finding
 from gpuguard.errors import ParseError
 from gpuguard.model import NODE, Action, Component, Finding, Layer, Severity, gpu

@@ -4,7 +4,7 @@ The kernel log is the layer that still works when DCGM, NVML and nvidia-smi do n
 is always read. Scanning is two-step for speed: a byte-level multi-pattern search (a SIMD
 Aho-Corasick automaton) finds the few lines that contain a marker (a node's boot log is
 mostly other drivers' chatter), and only those lines are decoded and parsed by the
-grammar in :mod:`gpuguard.checks.kernel_messages`, whatever the collector's prefix
+grammar in :mod:`gpuguard.checks.kernel_log.messages`, whatever the collector's prefix
 (``dmesg``, ``dmesg -T``, ISO, ``--decode``, journald, raw ``/dev/kmsg``).
 
 One printk call can hold several lines (the driver's "fallen off the bus" message has
@@ -21,8 +21,8 @@ from typing import ClassVar
 import ahocorasick_rs
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.kernel_incidents import findings_for_events
-from gpuguard.checks.kernel_messages import KERNEL_PHRASES, KernelEvent, parse_line
+from gpuguard.checks.kernel_log.incidents import findings_for_events
+from gpuguard.checks.kernel_log.messages import KERNEL_PHRASES, KernelEvent, parse_line
 from gpuguard.model import Finding, Layer
 from gpuguard.sources import Artifact
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuguard.checks.dcgm_common import (
+from gpuguard.checks.dcgm.common import (
     JsonObject,
     dcgm_entity,
     expect_list,

@@ -1,7 +1,7 @@
 """DCGM as a GPU health source: dcgmi's health watches and diagnostic, and dcgm-exporter.
 
-The parsers live in :mod:`~gpuguard.checks.dcgm_health`, :mod:`~gpuguard.checks.dcgm_diag`
-and :mod:`~gpuguard.checks.dcgm_exporter`; this module reads the artifacts and decides what a
+The parsers live in :mod:`~gpuguard.checks.dcgm.health`, :mod:`~gpuguard.checks.dcgm.diag`
+and :mod:`~gpuguard.checks.dcgm.exporter`; this module reads the artifacts and decides what a
 failed read means. ``DcgmCheck`` uses whichever of the two dcgmi outputs it gets: it has no
 verdict (raises) only when neither answered. When one answered and the other failed, the
 answer stands and the failure becomes an inconclusive finding, so that, say, a hung
@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.dcgm_common import describe_exit
-from gpuguard.checks.dcgm_diag import parse_diag
-from gpuguard.checks.dcgm_exporter import (
+from gpuguard.checks.dcgm.common import describe_exit
+from gpuguard.checks.dcgm.diag import parse_diag
+from gpuguard.checks.dcgm.exporter import (
     ExporterSample,
     MetricSample,
     evaluate_exporter,
     parse_exporter_metrics,
 )
-from gpuguard.checks.dcgm_health import parse_health
+from gpuguard.checks.dcgm.health import parse_health
 from gpuguard.errors import CheckError, CheckFailed, CheckTimedOut, ParseError, ToolMissing
 from gpuguard.model import (
     CHECK_FAILED,

@@ -12,7 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from gpuguard.checks.gpu_facts import CLOCK_EVENT_REASONS, GpuFacts
-from gpuguard.checks.smi_common import (
+from gpuguard.checks.nvidia_smi.common import (
     SmiReport,
     active,
     any_true,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
+from gpuguard.checks.kernel_log.messages import KernelEvent
 from gpuguard.checks.xid_catalog import rule_for, xid_finding
 from gpuguard.model import (
     NODE,
@@ -25,9 +25,6 @@ from gpuguard.model import (
     gpu,
     nic,
 )
-
-if TYPE_CHECKING:
-    from gpuguard.checks.kernel_messages import KernelEvent
 
 _SXID_LINK = re.compile(r",\s*(Link \d+[^,]*)")
 # "Fatal, Link 48 ...", or the follow-on "Severity 1 Engine instance ..." line, whose number

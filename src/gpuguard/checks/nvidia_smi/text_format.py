@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 
 from gpuguard.checks.gpu_facts import GpuFacts
-from gpuguard.checks.smi_common import (
+from gpuguard.checks.nvidia_smi.common import (
     SmiReport,
     active,
     any_true,

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpuguard.checks.network_sysfs import DISABLED, LINK_UP, PortRecord, natural_key
+from gpuguard.checks.network.sysfs import DISABLED, LINK_UP, PortRecord, natural_key
 from gpuguard.config import LinkLayer, NetworkConfig
 
 INFINIBAND: LinkLayer = "InfiniBand"

@@ -1,0 +1,1 @@
+"""The checks of DCGM (dcgmi and dcgm-exporter)."""
