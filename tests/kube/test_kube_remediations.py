@@ -17,6 +17,7 @@ from gpuguard.kube import remediations
 from gpuguard.kube.rest import KubeApi, KubeConflict, KubeRefused, Resource, load_api
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult, Episode, Phase, Resolution, Step
+from tests.support.cluster import wait_for
 from tests.support.controlplane import REPO, ControlPlane
 
 CRD_FILE = REPO / "deploy" / "helm" / "gpuguard" / "crds" / "noderemediations.yaml"
@@ -30,15 +31,16 @@ def api(control_plane: ControlPlane) -> Iterator[KubeApi]:
         crd = yaml.safe_load(CRD_FILE.read_text())
         with contextlib.suppress(KubeConflict):  # applied by an earlier module
             client.create(CRDS.path(), crd)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            status = client.get(CRDS.path(crd["metadata"]["name"])).get("status", {})
-            if any(
+        name = crd["metadata"]["name"]
+
+        def established() -> bool:
+            status = client.get(CRDS.path(name)).get("status", {})
+            return any(
                 c["type"] == "Established" and c["status"] == "True"
                 for c in status.get("conditions") or []
-            ):
-                break
-            time.sleep(0.1)
+            )
+
+        wait_for(established, 20, "the CRD established")
         yield client
 
 
