@@ -8,9 +8,10 @@ means "the source could not measure it" (``N/A``, NOT_SUPPORTED); it is never re
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuguard.checks.load.figures import builtin_table, expected_for
+from gpuguard.checks.rules import Rule, table
 from gpuguard.checks.xid_catalog import recovery_rule
 from gpuguard.config import DeepChecks
 from gpuguard.model import (
@@ -89,63 +90,141 @@ CLOCK_EVENT_REASONS = (
     "display_clock_setting",
 )
 
-# Severity and action of each finding code, with the reason for the choice.
-RULES: dict[str, tuple[Severity, Action]] = {
-    # Fewer GPUs than expected: one fell off the bus or failed to initialise, and a reboot
-    # re-enumerates the bus. More than expected harms nothing (the expectation is stale).
-    "GPU_COUNT_MISMATCH": (Severity.CRITICAL, Action.REBOOT),
-    # nvidia-smi counts a GPU it does not describe: it could not be queried, which is
-    # treated like a GPU missing from the expected count.
-    "GPU_NOT_REPORTED": (Severity.CRITICAL, Action.REBOOT),
-    # A lost GPU has fallen off the bus; a GPU reset cannot reach it.
-    "GPU_LOST": (Severity.CRITICAL, Action.REBOOT),
-    "GPU_RESET_REQUIRED": (Severity.CRITICAL, Action.RESET_GPU),
-    # Any other error from the GPU itself: try the least disruptive repair first.
-    "GPU_ERROR": (Severity.CRITICAL, Action.RESET_GPU),
-    # Any uncorrectable error since the last reset may have corrupted a job's data.
-    "ECC_UNCORRECTABLE_VOLATILE": (Severity.CRITICAL, Action.RESET_GPU),
-    # A failing row that no spare could replace: the memory is beyond in-field repair.
-    "ROW_REMAP_FAILURE": (Severity.CRITICAL, Action.REPLACE),
-    # The spare row takes effect only after a reset; until then the node is not Healthy.
-    # Deferred (see DEFERRED): DCGM's failure table says RESET, "drain and reset".
-    "ROW_REMAP_PENDING": (Severity.WARNING, Action.RESET_GPU),
-    # NVML cannot read remap state while MIG is on: say it was not measured rather than
-    # fail every MIG node for good.
-    "REMAP_STATUS_UNAVAILABLE": (Severity.INFO, Action.NONE),
-    # DCGM warns at ROW_REMAP_UNCORRECTABLE_WARN remaps: spare rows are running out.
-    "ROW_REMAP_UNCORRECTABLE_HIGH": (Severity.WARNING, Action.NONE),
-    # Pre-Ampere page retirement, like a remap, is applied at the next reset (deferred).
-    "RETIRED_PAGES_PENDING": (Severity.WARNING, Action.RESET_GPU),
-    # The page-retirement table is (nearly) full: the next weak page cannot be retired, so
-    # the memory is beyond in-field repair (DCGM fails a GPU here; NVIDIA's maximum is 64).
-    "RETIRED_PAGES_LIMIT": (Severity.CRITICAL, Action.REPLACE),
-    # Heat is a cooling or workload problem, not a broken GPU: no action on the GPU.
-    "TEMPERATURE_ABOVE_SLOWDOWN": (Severity.WARNING, Action.NONE),
-    "TEMPERATURE_AT_SHUTDOWN": (Severity.CRITICAL, Action.NONE),
-    # Clocks held down to protect the part (power brake is often the PSU or the chassis):
-    # jobs run slowly, but the GPU is not faulty.
-    "CLOCK_HW_SLOWDOWN": (Severity.WARNING, Action.NONE),
-    "CLOCK_HW_THERMAL_SLOWDOWN": (Severity.WARNING, Action.NONE),
-    "CLOCK_HW_POWER_BRAKE": (Severity.WARNING, Action.NONE),
-    "CLOCK_SW_THERMAL_SLOWDOWN": (Severity.WARNING, Action.NONE),
-    # A link trained narrower than it can may be a seating or riser fault. Flag, do not
-    # repair: some cloud machines wire an x16 GPU at x8 by design (the real A10G and T4
-    # captures do), and rebooting cannot change that.
-    "PCIE_WIDTH_DEGRADED": (Severity.WARNING, Action.NONE),
-    # GPUs lower the link generation when idle to save power: informational only.
-    "PCIE_GEN_BELOW_MAX": (Severity.INFO, Action.NONE),
-    "NVLINK_DOWN": (Severity.CRITICAL, Action.RESET_GPU),
-    # See NVLINK_WARNING_COUNTERS for when this is raised to WARNING.
-    "NVLINK_ERRORS": (Severity.INFO, Action.NONE),
-    # The driver's own verdict; the action text is mapped by xid_catalog.RECOVERY_ACTIONS.
-    "RECOVERY_ACTION_REQUIRED": (Severity.CRITICAL, Action.RESET_GPU),
-}
-
-# Repairs that wait for running work (``Finding.deferred``, NVIDIA's "drain and reset"): the
-# GPU still computes correctly (the failing row or page is already out of use; the spare
-# takes over at the reset), so its jobs may finish while no new work lands; the controller
-# resets it when they have, or at its policy bound (``drain_and_reset.max_wait_s``).
-DEFERRED = frozenset({"ROW_REMAP_PENDING", "RETIRED_PAGES_PENDING"})
+# Severity, action and deferral of each finding code, with the reason for the choice.
+RULES: dict[str, Rule] = table(
+    # More GPUs than expected harms nothing (the expectation is stale): see _count_mismatch.
+    Rule(
+        "GPU_COUNT_MISMATCH",
+        Severity.CRITICAL,
+        Action.REBOOT,
+        "fewer GPUs than expected: one fell off the bus or failed to initialise, and a"
+        " reboot re-enumerates the bus",
+    ),
+    Rule(
+        "GPU_NOT_REPORTED",
+        Severity.CRITICAL,
+        Action.REBOOT,
+        "nvidia-smi counts a GPU it does not describe: it could not be queried, which is"
+        " treated like a GPU missing from the expected count",
+    ),
+    Rule(
+        "GPU_LOST",
+        Severity.CRITICAL,
+        Action.REBOOT,
+        "a lost GPU has fallen off the bus; a GPU reset cannot reach it",
+    ),
+    Rule("GPU_RESET_REQUIRED", Severity.CRITICAL, Action.RESET_GPU, "the GPU asks for a reset"),
+    Rule(
+        "GPU_ERROR",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        "any other error from the GPU itself: try the least disruptive repair first",
+    ),
+    Rule(
+        "ECC_UNCORRECTABLE_VOLATILE",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        "any uncorrectable error since the last reset may have corrupted a job's data",
+    ),
+    Rule(
+        "ROW_REMAP_FAILURE",
+        Severity.CRITICAL,
+        Action.REPLACE,
+        "a failing row that no spare could replace: the memory is beyond in-field repair",
+    ),
+    # Deferred: the failing row is already out of use, so its jobs may finish first.
+    Rule(
+        "ROW_REMAP_PENDING",
+        Severity.WARNING,
+        Action.RESET_GPU,
+        "the spare row takes effect only after a reset; until then the node is not Healthy"
+        " (DCGM's failure table says RESET, drain and reset)",
+        deferred=True,
+    ),
+    Rule(
+        "REMAP_STATUS_UNAVAILABLE",
+        Severity.INFO,
+        Action.NONE,
+        "NVML cannot read remap state while MIG is on: say it was not measured rather than"
+        " fail every MIG node for good",
+    ),
+    Rule(
+        "ROW_REMAP_UNCORRECTABLE_HIGH",
+        Severity.WARNING,
+        Action.NONE,
+        "DCGM warns at ROW_REMAP_UNCORRECTABLE_WARN remaps: spare rows are running out",
+    ),
+    Rule(
+        "RETIRED_PAGES_PENDING",
+        Severity.WARNING,
+        Action.RESET_GPU,
+        "pre-Ampere page retirement, like a remap, is applied at the next reset",
+        deferred=True,
+    ),
+    Rule(
+        "RETIRED_PAGES_LIMIT",
+        Severity.CRITICAL,
+        Action.REPLACE,
+        "the page-retirement table is (nearly) full: the next weak page cannot be retired,"
+        " so the memory is beyond in-field repair (DCGM fails a GPU here; NVIDIA's maximum"
+        " is 64)",
+    ),
+    Rule(
+        "TEMPERATURE_ABOVE_SLOWDOWN",
+        Severity.WARNING,
+        Action.NONE,
+        "heat is a cooling or workload problem, not a broken GPU: no action on the GPU",
+    ),
+    Rule(
+        "TEMPERATURE_AT_SHUTDOWN",
+        Severity.CRITICAL,
+        Action.NONE,
+        "heat is a cooling or workload problem, not a broken GPU: no action on the GPU",
+    ),
+    *(
+        Rule(
+            code,
+            Severity.WARNING,
+            Action.NONE,
+            "clocks held down to protect the part (power brake is often the PSU or the"
+            " chassis): jobs run slowly, but the GPU is not faulty",
+        )
+        for code in (
+            "CLOCK_HW_SLOWDOWN",
+            "CLOCK_HW_THERMAL_SLOWDOWN",
+            "CLOCK_HW_POWER_BRAKE",
+            "CLOCK_SW_THERMAL_SLOWDOWN",
+        )
+    ),
+    Rule(
+        "PCIE_WIDTH_DEGRADED",
+        Severity.WARNING,
+        Action.NONE,
+        "a link trained narrower than it can may be a seating or riser fault; flag, do not"
+        " repair: some cloud machines wire an x16 GPU at x8 by design (the real A10G and T4"
+        " captures do), and rebooting cannot change that",
+    ),
+    Rule(
+        "PCIE_GEN_BELOW_MAX",
+        Severity.INFO,
+        Action.NONE,
+        "GPUs lower the link generation when idle to save power: informational only",
+    ),
+    Rule("NVLINK_DOWN", Severity.CRITICAL, Action.RESET_GPU, "a reset retrains the link"),
+    Rule(
+        "NVLINK_ERRORS",
+        Severity.INFO,
+        Action.NONE,
+        "corrected errors accumulate on healthy links (see NVLINK_WARNING_COUNTERS for when"
+        " this is raised to WARNING)",
+    ),
+    Rule(
+        "RECOVERY_ACTION_REQUIRED",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        "the driver's own verdict; the action text is mapped by xid_catalog.RECOVERY_ACTIONS",
+    ),
+)
 
 # Clock event reasons that mean the hardware or the driver is holding clocks down. Idle,
 # SW power cap, sync boost and the clock settings are normal operation.
@@ -170,12 +249,11 @@ NVLINK_WARNING_COUNTERS = frozenset({"recovery"})
 
 @dataclass(frozen=True)
 class _Verdict:
-    code: str
+    """What one rule saw on one GPU, before it is a finding about a component."""
+
+    rule: Rule
     message: str
     evidence: str
-    severity: Severity
-    action: Action
-    deferred: bool
 
 
 def _verdict(
@@ -187,17 +265,15 @@ def _verdict(
     *,
     deferred: bool | None = None,
 ) -> _Verdict:
-    """A verdict with the code's severity, action and deferral from RULES and DEFERRED
-    unless given."""
-    default_severity, default_action = RULES[code]
-    return _Verdict(
-        code,
-        message,
-        evidence,
-        default_severity if severity is None else severity,
-        default_action if action is None else action,
-        code in DEFERRED if deferred is None else deferred,
+    """A verdict with the code's severity, action and deferral from RULES unless given."""
+    rule = RULES[code]
+    rule = replace(
+        rule,
+        severity=rule.severity if severity is None else severity,
+        action=rule.action if action is None else action,
+        deferred=rule.deferred if deferred is None else deferred,
     )
+    return _Verdict(rule, message, evidence)
 
 
 def evaluate_gpus(
@@ -227,17 +303,8 @@ def evaluate_gpus(
 
 def _finding(verdict: _Verdict, component: Component, source: str) -> Finding:
     prefix = "" if component == NODE else f"{component.id}: "
-    return Finding(
-        layer=Layer.GPU,
-        code=verdict.code,
-        severity=verdict.severity,
-        action=verdict.action,
-        component=component,
-        source=source,
-        message=prefix + verdict.message,
-        evidence=verdict.evidence,
-        deferred=verdict.deferred,
-    )
+    message = prefix + verdict.message
+    return verdict.rule.finding(Layer.GPU, component, source, message, verdict.evidence)
 
 
 def _count_mismatch(found: int, expected: int) -> _Verdict:
@@ -417,8 +484,9 @@ def _recovery_verdict(text: str) -> _Verdict | None:
         message = f"the driver asks for an unknown recovery action '{text}'"
         return _verdict("RECOVERY_ACTION_REQUIRED", message, evidence, action=Action.NONE)
     message = f"the driver's recovery action is '{text}'"
-    # The driver's "Drain and Reset" (R570+) says what DEFERRED says, in its own words; its
-    # "Drain P2P" asks for the processes doing peer-to-peer traffic to end now.
+    # The driver's "Drain and Reset" (R570+) is a deferred repair (as ROW_REMAP_PENDING), in
+    # its own words; its "Drain P2P" asks for the processes doing peer-to-peer traffic to
+    # end now.
     return _verdict(
         "RECOVERY_ACTION_REQUIRED",
         message,

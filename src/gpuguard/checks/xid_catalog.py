@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from gpuguard.checks.rules import Rule
 from gpuguard.model import Action, Component, Finding, Layer, Severity
 
 
@@ -159,22 +160,24 @@ def rule_for(xid: int) -> XidRule:
     )
 
 
-def judge_line(xid: int, text: str) -> tuple[Severity, Action, str]:
-    """Severity, action and reason for one Xid, using the line's text where it decides."""
+def judge_line(xid: int, text: str) -> Rule:
+    """The rule for one Xid (code ``XID_<n>``), using the line's text where it decides."""
     rule = rule_for(xid)
+    code = f"XID_{xid}"
     if xid == 154:
         recovery = recovery_action(text)
-        verdict = recovery_rule(recovery) if recovery else None
-        if verdict:
-            return verdict.severity, verdict.action, f"driver recovery action is now '{recovery}'"
-        return rule.severity, rule.action, rule.why
+        known = recovery_rule(recovery) if recovery else None
+        if known:
+            why = f"driver recovery action is now '{recovery}'"
+            return Rule(code, known.severity, known.action, why, known.deferred)
+        return Rule(code, rule.severity, rule.action, rule.why)
     if xid in NVLINK5_XIDS:
         word = _NVLINK5_SEVERITY.search(text)
+        chosen = DEFAULT_RULE
         if word:
             chosen = NVLINK5_FATAL if word["word"].lower() == "fatal" else NVLINK5_NONFATAL
-            return chosen.severity, chosen.action, chosen.why
-        return DEFAULT_RULE.severity, DEFAULT_RULE.action, DEFAULT_RULE.why
-    return rule.severity, rule.action, rule.why
+        return Rule(code, chosen.severity, chosen.action, chosen.why)
+    return Rule(code, rule.severity, rule.action, rule.why)
 
 
 def recovery_action(text: str) -> str | None:
@@ -203,17 +206,6 @@ def xid_finding(
     xid: int, component: Component, source: str, evidence: str, text: str = ""
 ) -> Finding:
     """The finding for one Xid on one GPU; ``text`` is the driver's message after the code."""
-    rule = rule_for(xid)
-    severity, action, why = judge_line(xid, text or evidence)
-    recovery = recovery_rule(recovery_action(text or evidence) or "") if xid == 154 else None
-    return Finding(
-        layer=Layer.GPU,
-        code=f"XID_{xid}",
-        severity=severity,
-        action=action,
-        component=component,
-        source=source,
-        message=f"Xid {xid} ({rule.description}) on {component.id}: {why}",
-        evidence=evidence,
-        deferred=recovery is not None and recovery.deferred,
-    )
+    rule = judge_line(xid, text or evidence)
+    message = f"Xid {xid} ({rule_for(xid).description}) on {component.id}: {rule.why}"
+    return rule.finding(Layer.GPU, component, source, message, evidence)

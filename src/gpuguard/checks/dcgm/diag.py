@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 
@@ -58,6 +58,7 @@ from gpuguard.checks.dcgm.common import (
     load_dcgmi_json,
     small_int,
 )
+from gpuguard.checks.rules import Rule
 from gpuguard.errors import ParseError
 from gpuguard.model import CHECK_FAILED, NODE, Action, Component, Finding, Layer, Severity
 
@@ -76,57 +77,48 @@ class ErrorCode:
     description: str
 
 
-@dataclass(frozen=True)
-class Verdict:
-    code: str
-    severity: Severity
-    action: Action
-    why: str
-    deferred: bool = False  # the repair waits for running work (``Finding.deferred``)
-
-
 SEVERITY_NAMES = {1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
 
-VERDICTS: dict[str, Verdict] = {
-    "RESET": Verdict(
+VERDICTS: dict[str, Rule] = {
+    "RESET": Rule(
         "DCGM_DIAG_HARDWARE", Severity.CRITICAL, Action.RESET_GPU, "DCGM: drain and reset the GPU"
     ),
-    "ISOLATE": Verdict(
+    "ISOLATE": Rule(
         "DCGM_DIAG_HARDWARE",
         Severity.CRITICAL,
         Action.RESET_GPU,
         "DCGM: the GPU cannot run work; drain and reset it first (one run does not justify "
         "replacing a part)",
     ),
-    "TRIAGE": Verdict("DCGM_DIAG_TRIAGE", Severity.WARNING, Action.NONE, "DCGM: needs triage"),
-    "CONFIG": Verdict(
+    "TRIAGE": Rule("DCGM_DIAG_TRIAGE", Severity.WARNING, Action.NONE, "DCGM: needs triage"),
+    "CONFIG": Rule(
         "DCGM_DIAG_CONFIG", Severity.WARNING, Action.NONE, "node misconfigured, not a broken part"
     ),
-    "MONITOR": Verdict("DCGM_DIAG_MONITOR", Severity.INFO, Action.NONE, "DCGM: can run work"),
+    "MONITOR": Rule("DCGM_DIAG_MONITOR", Severity.INFO, Action.NONE, "DCGM: can run work"),
 }
-UNCLASSIFIED = Verdict(
+UNCLASSIFIED = Rule(
     "DCGM_DIAG_FAIL",
     Severity.CRITICAL,
     Action.NONE,
     "the test failed for a reason DCGM does not classify: drained for a human",
 )
-WARNED = Verdict("DCGM_DIAG_WARN", Severity.WARNING, Action.NONE, "the test warned")
+WARNED = Rule("DCGM_DIAG_WARN", Severity.WARNING, Action.NONE, "the test warned")
 
 # Where an error id calls for something other than its severity's verdict.
-ERROR_OVERRIDES: dict[int, Verdict] = {
-    120: Verdict(  # DCGM_FR_FALLEN_OFF_BUS
+ERROR_OVERRIDES: dict[int, Rule] = {
+    120: Rule(  # DCGM_FR_FALLEN_OFF_BUS
         "DCGM_DIAG_HARDWARE",
         Severity.CRITICAL,
         Action.REBOOT,
         "GPU fell off the bus: restart the node (as for Xid 79)",
     ),
-    122: Verdict(  # DCGM_FR_IMEX_UNHEALTHY
+    122: Rule(  # DCGM_FR_IMEX_UNHEALTHY
         "DCGM_DIAG_TRIAGE",
         Severity.WARNING,
         Action.NONE,
         "IMEX is software, and DCGM reports it falsely on single-node systems (NVSentinel #1471)",
     ),
-    126: Verdict(  # DCGM_FR_GPU_RECOVERY_REBOOT
+    126: Rule(  # DCGM_FR_GPU_RECOVERY_REBOOT
         "DCGM_DIAG_HARDWARE", Severity.CRITICAL, Action.REBOOT, "the driver asks for a reboot"
     ),
 }
@@ -316,7 +308,7 @@ def _judge(result: EntityResult, tally: _Tally) -> None:
         tally.skipped.setdefault(result.test, []).append(result)
     elif status is None:
         why = "a status word gpuguard does not know: not read as a pass"
-        unknown = Verdict("DCGM_DIAG_UNKNOWN_STATUS", Severity.WARNING, Action.NONE, why)
+        unknown = Rule("DCGM_DIAG_UNKNOWN_STATUS", Severity.WARNING, Action.NONE, why)
         tally.findings.append(_finding(result, unknown, None))
     elif not result.warnings:
         if status in ("fail", "warn"):
@@ -326,9 +318,9 @@ def _judge(result: EntityResult, tally: _Tally) -> None:
             tally.findings.append(_finding(result, _verdict(warning, status), warning))
 
 
-def _verdict(warning: DiagWarning, status: str) -> Verdict:
+def _verdict(warning: DiagWarning, status: str) -> Rule:
     if status == "pass":
-        return Verdict(
+        return Rule(
             "DCGM_DIAG_PASSED_WITH_WARNING", Severity.INFO, Action.NONE, "the test still passed"
         )
     verdict = ERROR_OVERRIDES.get(warning.error_id or 0) or VERDICTS.get(
@@ -339,12 +331,12 @@ def _verdict(warning: DiagWarning, status: str) -> Verdict:
         # deferred until that work ends (drain and reset) rather than dropped or done now.
         capped = f"{verdict.why} (the test only warned)"
         deferred = verdict.action >= Action.RESET_GPU
-        return Verdict(verdict.code, Severity.WARNING, verdict.action, capped, deferred)
+        return replace(verdict, severity=Severity.WARNING, why=capped, deferred=deferred)
     if status == "fail" and verdict.severity < Severity.WARNING:
         # A failed test never reads as healthy, even when DCGM says its error only wants
         # watching (MONITOR): flagged, nothing repaired.
         floor = f"{verdict.why}, but the test failed"
-        return Verdict(verdict.code, Severity.WARNING, verdict.action, floor, verdict.deferred)
+        return replace(verdict, severity=Severity.WARNING, why=floor)
     return verdict
 
 
@@ -357,24 +349,14 @@ def _severity_name(warning: DiagWarning) -> str:
     return known.severity if known else "UNKNOWN"
 
 
-def _finding(result: EntityResult, verdict: Verdict, warning: DiagWarning | None = None) -> Finding:
+def _finding(result: EntityResult, verdict: Rule, warning: DiagWarning | None = None) -> Finding:
     detail = ""
     if warning is not None:
         known = error_codes().get(warning.error_id or 0)
         label = f"{known.name} ({known.severity}, {known.category}): " if known else ""
         detail = f": {label}{warning.text or 'no message'}"
     message = f"{result.test} on {result.component}: {result.word}{detail} ({verdict.why})"
-    return Finding(
-        layer=Layer.GPU,
-        code=verdict.code,
-        severity=verdict.severity,
-        action=verdict.action,
-        component=result.component,
-        source=SOURCE,
-        message=message,
-        evidence=result.evidence,
-        deferred=verdict.deferred,
-    )
+    return verdict.finding(Layer.GPU, result.component, SOURCE, message, result.evidence)
 
 
 def _skipped(test: str, results: list[EntityResult]) -> Finding:

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuguard.checks.dcgm.common import dcgm_entity, int_text, is_blank, small_int
+from gpuguard.checks.rules import Rule
 from gpuguard.checks.xid_catalog import xid_finding
 from gpuguard.errors import ParseError
 from gpuguard.model import NODE, Action, Component, Finding, Layer, Severity, gpu
@@ -80,60 +81,56 @@ class ExporterSample:
         return {c.id: c for s in self.samples if (c := s.gpu) is not None}
 
 
-@dataclass(frozen=True)
-class CounterRule:
+@dataclass(frozen=True, kw_only=True)
+class CounterRule(Rule):
+    """A rule that applies when ``metric`` reaches ``at_least``."""
+
     metric: str
-    code: str
     at_least: float
-    severity: Severity
-    action: Action
-    why: str
-    # The repair waits for running work (``Finding.deferred``): drain and reset.
-    deferred: bool = False
 
 
 # Per metric, the first rule whose floor the value reaches decides (highest floor first).
 COUNTER_RULES = (
     CounterRule(
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
         "DCGM_ROW_REMAP_FAILURE",
-        1,
         Severity.CRITICAL,
         Action.REPLACE,
         "row remapping failed: the GPU has no spare rows left to repair with",
+        metric="DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        at_least=1,
     ),
     CounterRule(
-        "DCGM_FI_DEV_ROW_REMAP_PENDING",
         "DCGM_ROW_REMAP_PENDING",
-        1,
         Severity.WARNING,
         Action.RESET_GPU,
         "a row remap waits for a GPU reset to take effect (drain and reset)",
         deferred=True,
+        metric="DCGM_FI_DEV_ROW_REMAP_PENDING",
+        at_least=1,
     ),
     CounterRule(
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         "DCGM_ECC_DBE_VOLATILE",
-        1,
         Severity.CRITICAL,
         Action.RESET_GPU,
         "uncorrectable ECC errors since the driver loaded",
+        metric="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        at_least=1,
     ),
     CounterRule(
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         "DCGM_UNCORRECTABLE_REMAPPED_ROWS",
-        512,
         Severity.WARNING,
         Action.NONE,
         "DCGM's limit of 512 uncorrectable remaps: spare rows run out",
+        metric="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        at_least=512,
     ),
     CounterRule(
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         "DCGM_UNCORRECTABLE_REMAPPED_ROWS",
-        1,
         Severity.INFO,
         Action.NONE,
         "rows remapped after uncorrectable errors (repaired)",
+        metric="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        at_least=1,
     ),
 )
 
@@ -206,19 +203,7 @@ def _counter_findings(sample: ExporterSample) -> list[Finding]:
             continue
         component = line.gpu or NODE
         message = f"{line.name} is {line.value:g} on {component}: {rule.why}"
-        findings.append(
-            Finding(
-                Layer.GPU,
-                rule.code,
-                rule.severity,
-                rule.action,
-                component,
-                SOURCE,
-                message,
-                line.line,
-                deferred=rule.deferred,
-            )
-        )
+        findings.append(rule.finding(Layer.GPU, component, SOURCE, message, line.line))
     return findings
 
 

@@ -45,7 +45,6 @@ driver's verdict, an NVSwitch error the NVSwitch rule, IMEX is a warning (softwa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from gpuguard.checks.dcgm.common import (
     JsonObject,
@@ -55,6 +54,7 @@ from gpuguard.checks.dcgm.common import (
     expect_str,
     load_dcgmi_json,
 )
+from gpuguard.checks.rules import Rule
 from gpuguard.checks.xid_catalog import recovery_rule, xid_finding
 from gpuguard.model import NODE, Action, Component, Finding, Layer, Severity
 
@@ -63,28 +63,26 @@ OVERALL = "Overall Health"
 UNKNOWN_STATE = "DCGM_HEALTH_UNKNOWN_STATE"
 
 
-@dataclass(frozen=True)
-class SystemRule:
-    code: str
-    on_failure: Action
-    why: str
+def _failure(code: str, action: Action, why: str) -> Rule:
+    return Rule(code, Severity.CRITICAL, action, why)
 
 
-SYSTEM_RULES: dict[str, SystemRule] = {
-    "pcie": SystemRule("DCGM_HEALTH_PCIE", Action.REBOOT, "a PCIe-level fault needs a restart"),
-    "nvlink": SystemRule("DCGM_HEALTH_NVLINK", Action.RESET_GPU, "reset, then verify links"),
-    "memory": SystemRule("DCGM_HEALTH_MEMORY", Action.RESET_GPU, "reset applies row remaps"),
-    "sm": SystemRule("DCGM_HEALTH_SM", Action.RESET_GPU, "reset the GPU"),
-    "nvswitch": SystemRule("DCGM_HEALTH_NVSWITCH", Action.REBOOT, "switch faults reset the tray"),
-    "inforom": SystemRule("DCGM_HEALTH_INFOROM", Action.NONE, "reflash or RMA: for a human"),
-    "thermal": SystemRule("DCGM_HEALTH_THERMAL", Action.NONE, "cooling, not the GPU"),
-    "power": SystemRule("DCGM_HEALTH_POWER", Action.NONE, "power feed, not the GPU"),
-    "driver": SystemRule("DCGM_HEALTH_DRIVER", Action.NONE, "cause unclear: for a human"),
-    "pmu": SystemRule("DCGM_HEALTH_PMU", Action.NONE, "no automatic repair known"),
-    "mcu": SystemRule("DCGM_HEALTH_MCU", Action.NONE, "no automatic repair known"),
-    "connectx": SystemRule("DCGM_HEALTH_CONNECTX", Action.NONE, "network adapter: for a human"),
+# What a Failure of each watched system calls for; a Warning only flags (no repair).
+SYSTEM_RULES: dict[str, Rule] = {
+    "pcie": _failure("DCGM_HEALTH_PCIE", Action.REBOOT, "a PCIe-level fault needs a restart"),
+    "nvlink": _failure("DCGM_HEALTH_NVLINK", Action.RESET_GPU, "reset, then verify links"),
+    "memory": _failure("DCGM_HEALTH_MEMORY", Action.RESET_GPU, "reset applies row remaps"),
+    "sm": _failure("DCGM_HEALTH_SM", Action.RESET_GPU, "reset the GPU"),
+    "nvswitch": _failure("DCGM_HEALTH_NVSWITCH", Action.REBOOT, "switch faults reset the tray"),
+    "inforom": _failure("DCGM_HEALTH_INFOROM", Action.NONE, "reflash or RMA: for a human"),
+    "thermal": _failure("DCGM_HEALTH_THERMAL", Action.NONE, "cooling, not the GPU"),
+    "power": _failure("DCGM_HEALTH_POWER", Action.NONE, "power feed, not the GPU"),
+    "driver": _failure("DCGM_HEALTH_DRIVER", Action.NONE, "cause unclear: for a human"),
+    "pmu": _failure("DCGM_HEALTH_PMU", Action.NONE, "no automatic repair known"),
+    "mcu": _failure("DCGM_HEALTH_MCU", Action.NONE, "no automatic repair known"),
+    "connectx": _failure("DCGM_HEALTH_CONNECTX", Action.NONE, "network adapter: for a human"),
 }
-OTHER_RULE = SystemRule("DCGM_HEALTH_OTHER", Action.NONE, "system not known to gpuguard")
+OTHER_RULE = _failure("DCGM_HEALTH_OTHER", Action.NONE, "system not known to gpuguard")
 # DCGM's messages for the watches it files under no named system (DCGM_FR_*_MSG):
 # "Detected XID %u for GPU %u", "... (triggered by XID 79 ...)", "Detected fatal NvSwitch
 # SXID %u", "... Recovery action: 2 (NODE_REBOOT).", "IMEX domain status is ...".
@@ -98,20 +96,38 @@ _PENDING_IN_MESSAGE = re.compile(
     r"pending (?:retired page|page retirement|row remap)|row remap\w* (?:is |are )?pending",
     re.IGNORECASE,
 )
-PENDING_CODE = "DCGM_HEALTH_MEMORY_PENDING"
+# DCGM's table: a pending retirement or remap is severity RESET; NVIDIA's drain and reset
+# (the spare takes over at the next reset; running work may finish).
+PENDING = Rule(
+    "DCGM_HEALTH_MEMORY_PENDING",
+    Severity.WARNING,
+    Action.RESET_GPU,
+    "drain, then reset the GPU",
+    deferred=True,
+)
+
+
+def _software(code: str, why: str) -> Rule:
+    return Rule(code, Severity.WARNING, Action.NONE, why)
+
+
 # NVLINK incidents about the software around the links, not the GPU: as dcgmi diag's
 # DCGM_FR_IMEX_UNHEALTHY, and DCGM's own table for the fabric (DCGM_FR_FABRIC_PROBE_STATE
 # MONITOR, DCGM_FR_FABRIC_MANAGER_TRAINING_ERROR CONFIG). No GPU repair changes them.
 _SOFTWARE = (
     (
         re.compile(r"\bIMEX\b", re.IGNORECASE),
-        "DCGM_HEALTH_IMEX",
-        "IMEX is a software daemon, not the GPU: for a human, no GPU repair",
+        _software(
+            "DCGM_HEALTH_IMEX",
+            "IMEX is a software daemon, not the GPU: for a human, no GPU repair",
+        ),
     ),
     (
         re.compile(r"\bFabric (?:State|Health|Manager)\b", re.IGNORECASE),
-        "DCGM_HEALTH_FABRIC",
-        "the NVLink fabric is not ready or not configured (Fabric Manager): not the GPU",
+        _software(
+            "DCGM_HEALTH_FABRIC",
+            "the NVLink fabric is not ready or not configured (Fabric Manager): not the GPU",
+        ),
     ),
 )
 
@@ -209,27 +225,23 @@ def _incident(
     if xid := _XID_IN_MESSAGE.search(message):
         return xid_finding(int(xid["xid"]), component, SOURCE, message, message)
     if _PENDING_IN_MESSAGE.search(message):
-        # DCGM's table: a pending retirement or remap is severity RESET; NVIDIA's drain and
-        # reset (the spare takes over at the next reset; running work may finish).
-        text = f"DCGM {label} of {component}: {word}: {message} (drain, then reset the GPU)"
-        return _finding(
-            PENDING_CODE, Severity.WARNING, Action.RESET_GPU, component, text, message, True
-        )
-    for pattern, code, why in _SOFTWARE:
+        text = f"DCGM {label} of {component}: {word}: {message} ({PENDING.why})"
+        return PENDING.finding(Layer.GPU, component, SOURCE, text, message)
+    for pattern, software in _SOFTWARE:
         if pattern.search(message):
-            text = f"DCGM {label} of {component}: {word}: {message} ({why})"
-            return _finding(code, Severity.WARNING, Action.NONE, component, text, message)
+            text = f"DCGM {label} of {component}: {word}: {message} ({software.why})"
+            return software.finding(Layer.GPU, component, SOURCE, text, message)
     rule = _rule_for(label)
     if rule is OTHER_RULE and (component.kind == "nvswitch" or _SWITCH_IN_MESSAGE.search(message)):
         rule = SYSTEM_RULES["nvswitch"]
-    action = rule.on_failure if severity is Severity.CRITICAL else Action.NONE
+    action = rule.action if severity is Severity.CRITICAL else Action.NONE
     text = f"DCGM {label} of {component}: {word}: {message or 'no message'}"
     if severity is Severity.CRITICAL:
         text += f" ({rule.why})"
     return _finding(rule.code, severity, action, component, text, message)
 
 
-def _rule_for(label: str) -> SystemRule:
+def _rule_for(label: str) -> Rule:
     key = label.casefold().removesuffix(" system").strip()
     if key.startswith("nvswitch"):
         key = "nvswitch"

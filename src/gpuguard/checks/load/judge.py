@@ -14,53 +14,62 @@ from collections.abc import Iterator
 
 from gpuguard.checks.load.figures import FigureTable, expected_for, pcie_gb_s
 from gpuguard.checks.load.measure import DeviceMeasurement, NodeMeasurement
+from gpuguard.checks.rules import Rule, table
 from gpuguard.config import DeepChecks, GpuFigures
 from gpuguard.model import NODE, Action, Component, Finding, Layer, Severity, gpu
 
 SOURCE = "deep-gpu"
 REFERENCE_TOLERANCE = 1e-3  # fp32 256x256 product: real error is ~1e-6 of the largest value
 
-RULES: dict[str, tuple[Severity, Action]] = {
-    # Wrong answers with no error reported: the job's results cannot be trusted.
-    "DEEP_SILENT_DATA_CORRUPTION": (Severity.CRITICAL, Action.RESET_GPU),
-    "DEEP_DEVICE_ERROR": (Severity.CRITICAL, Action.RESET_GPU),
-    "DEEP_MEMORY_PATTERN_ERRORS": (Severity.CRITICAL, Action.RESET_GPU),
-    # Fail-slow: one slow GPU holds back every synchronous step of a multi-GPU job. Its
-    # answers are right, so the reset is deferred (DEFERRED) until its work ends.
-    "DEEP_MATMUL_SLOW": (Severity.WARNING, Action.RESET_GPU),
-    "DEEP_MEMORY_BANDWIDTH_LOW": (Severity.WARNING, Action.RESET_GPU),
-    "DEEP_PEER_BANDWIDTH_LOW": (Severity.WARNING, Action.RESET_GPU),
-    # A slow host link is renegotiated only by a reboot; like PCIE_WIDTH_DEGRADED, report it.
-    "DEEP_HOST_LINK_SLOW": (Severity.WARNING, Action.NONE),
-    "DEEP_ALL_REDUCE_SLOW": (Severity.WARNING, Action.NONE),
-    "DEEP_ALL_REDUCE_FAILED": (Severity.WARNING, Action.NONE),
-    "DEEP_GPU_MEASURED": (Severity.INFO, Action.NONE),
-    "DEEP_SUITE_MEASURED": (Severity.INFO, Action.NONE),
-    "DEEP_MODEL_UNKNOWN": (Severity.INFO, Action.NONE),
-    "DEEP_PHASE_SKIPPED": (Severity.INFO, Action.NONE),
-}
-
-
-# Repairs that wait for running work (``Finding.deferred``): a slow GPU still computes
-# correctly, and the suite's own load (or a false positive, which the reset also settles)
-# is no reason to kill a job that is making progress on it.
-DEFERRED = frozenset({"DEEP_MATMUL_SLOW", "DEEP_MEMORY_BANDWIDTH_LOW", "DEEP_PEER_BANDWIDTH_LOW"})
+RULES: dict[str, Rule] = table(
+    *(
+        Rule(code, Severity.CRITICAL, Action.RESET_GPU, why)
+        for code, why in (
+            (
+                "DEEP_SILENT_DATA_CORRUPTION",
+                "wrong answers with no error reported: the job's results cannot be trusted",
+            ),
+            ("DEEP_DEVICE_ERROR", "the GPU failed under load"),
+            ("DEEP_MEMORY_PATTERN_ERRORS", "memory returned other bits than were written"),
+        )
+    ),
+    # Deferred: a slow GPU still computes correctly, and the suite's own load (or a false
+    # positive, which the reset also settles) is no reason to kill a job that is making
+    # progress on it.
+    *(
+        Rule(
+            code,
+            Severity.WARNING,
+            Action.RESET_GPU,
+            "fail-slow: one slow GPU holds back every synchronous step of a multi-GPU job;"
+            " its answers are right, so the reset waits until its work ends",
+            deferred=True,
+        )
+        for code in ("DEEP_MATMUL_SLOW", "DEEP_MEMORY_BANDWIDTH_LOW", "DEEP_PEER_BANDWIDTH_LOW")
+    ),
+    Rule(
+        "DEEP_HOST_LINK_SLOW",
+        Severity.WARNING,
+        Action.NONE,
+        "a slow host link is renegotiated only by a reboot; like PCIE_WIDTH_DEGRADED, report it",
+    ),
+    Rule("DEEP_ALL_REDUCE_SLOW", Severity.WARNING, Action.NONE, "a link or a peer, not one GPU"),
+    Rule("DEEP_ALL_REDUCE_FAILED", Severity.WARNING, Action.NONE, "a link or a peer, not one GPU"),
+    *(
+        Rule(code, Severity.INFO, Action.NONE, "what the suite measured or could not")
+        for code in (
+            "DEEP_GPU_MEASURED",
+            "DEEP_SUITE_MEASURED",
+            "DEEP_MODEL_UNKNOWN",
+            "DEEP_PHASE_SKIPPED",
+        )
+    ),
+)
 
 
 def finding(code: str, component: Component, message: str, evidence: str = "") -> Finding:
-    severity, action = RULES[code]
     prefix = "" if component == NODE else f"{component.id}: "
-    return Finding(
-        Layer.GPU,
-        code,
-        severity,
-        action,
-        component,
-        SOURCE,
-        prefix + message,
-        evidence,
-        deferred=code in DEFERRED,
-    )
+    return RULES[code].finding(Layer.GPU, component, SOURCE, prefix + message, evidence)
 
 
 def judge(node: NodeMeasurement, table: FigureTable, deep: DeepChecks) -> list[Finding]:

@@ -19,8 +19,9 @@ from typing import ClassVar
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.load.perftest import Bandwidth, parse_fi_pingpong, parse_perftest_bw
 from gpuguard.checks.network.sysfs import PortRecord, read_infiniband_sysfs
+from gpuguard.checks.rules import Rule
 from gpuguard.errors import CheckError, CheckFailed, NotApplicable, ToolMissing
-from gpuguard.model import Action, Component, Finding, Layer, Severity, nic
+from gpuguard.model import Action, Finding, Layer, Severity, nic
 from gpuguard.sources import LiveSources, run_tool
 
 SOURCE = "deep-network"
@@ -71,6 +72,23 @@ def run_loopback(plan: LoopbackPlan, tool_path: str, timeout_s: float) -> float:
     return max(row.gbps for row in plan.parse(output.text))
 
 
+# As for a link that trained down: renegotiate. Deferred: the port is up and its traffic
+# arrives, only slowly, so the node's jobs may finish first (no new work lands), then it is
+# drained and rebooted.
+BELOW_EXPECTED = Rule(
+    "DEEP_NIC_LOOPBACK_SLOW",
+    Severity.WARNING,
+    Action.REBOOT,
+    "slower than the expected link rate",
+    deferred=True,
+)
+# Slower than its siblings only: no rate to hold it to, so flag it and repair nothing.
+BELOW_SIBLINGS = Rule(
+    "DEEP_NIC_LOOPBACK_SLOW", Severity.WARNING, Action.NONE, "slower than its siblings"
+)
+MEASURED = Rule("DEEP_NIC_LOOPBACK_MEASURED", Severity.INFO, Action.NONE, "what was measured")
+
+
 def judge_loopback(
     measured: dict[str, float], expected_gbps: float | None, slow_fraction: float
 ) -> list[Finding]:
@@ -81,56 +99,21 @@ def judge_loopback(
         device, _, port = name.partition("/")
         component = nic(device, port or None)
         if expected_gbps is not None and gbps < expected_gbps * slow_fraction:
-            findings.append(
-                _finding(
-                    "DEEP_NIC_LOOPBACK_SLOW",
-                    Severity.WARNING,
-                    # As for a link that trained down: renegotiate. Deferred: the port is
-                    # up and its traffic arrives, only slowly, so the node's jobs may
-                    # finish first (no new work lands), then it is drained and rebooted.
-                    Action.REBOOT,
-                    component,
-                    f"{name}: loopback {gbps:.1f} Gb/s, below {slow_fraction:.0%} of the"
-                    f" expected {expected_gbps:g} Gb/s",
-                    deferred=True,
-                )
+            rule = BELOW_EXPECTED
+            message = (
+                f"{name}: loopback {gbps:.1f} Gb/s, below {slow_fraction:.0%} of the"
+                f" expected {expected_gbps:g} Gb/s"
             )
         elif median is not None and gbps < median * slow_fraction:
-            findings.append(
-                _finding(
-                    "DEEP_NIC_LOOPBACK_SLOW",
-                    Severity.WARNING,
-                    Action.NONE,
-                    component,
-                    f"{name}: loopback {gbps:.1f} Gb/s, {gbps / median:.0%} of the median of"
-                    f" the node's adapters ({median:.1f} Gb/s)",
-                )
+            rule = BELOW_SIBLINGS
+            message = (
+                f"{name}: loopback {gbps:.1f} Gb/s, {gbps / median:.0%} of the median of"
+                f" the node's adapters ({median:.1f} Gb/s)"
             )
         else:
-            findings.append(
-                _finding(
-                    "DEEP_NIC_LOOPBACK_MEASURED",
-                    Severity.INFO,
-                    Action.NONE,
-                    component,
-                    f"{name}: loopback {gbps:.1f} Gb/s",
-                )
-            )
+            rule, message = MEASURED, f"{name}: loopback {gbps:.1f} Gb/s"
+        findings.append(rule.finding(Layer.NETWORK, component, SOURCE, message))
     return findings
-
-
-def _finding(
-    code: str,
-    severity: Severity,
-    action: Action,
-    component: Component,
-    message: str,
-    *,
-    deferred: bool = False,
-) -> Finding:
-    return Finding(
-        Layer.NETWORK, code, severity, action, component, SOURCE, message, deferred=deferred
-    )
 
 
 class DeepNetworkCheck:

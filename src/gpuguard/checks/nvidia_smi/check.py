@@ -73,17 +73,9 @@ def _parse(output: ToolOutput, read: Callable[[str], SmiReport]) -> SmiReport:
 
 
 def _unlisted_gpus(report: SmiReport) -> Finding:
-    severity, action = RULES["GPU_NOT_REPORTED"]
-    return Finding(
-        layer=Layer.GPU,
-        code="GPU_NOT_REPORTED",
-        severity=severity,
-        action=action,
-        component=NODE,
-        source=SOURCE,
-        message=(
-            f"nvidia-smi counts {report.attached_gpus} attached GPUs "
-            f"but reports on only {len(report.gpus)}"
-        ),
-        evidence=f"attached_gpus={report.attached_gpus} gpus_reported={len(report.gpus)}",
+    message = (
+        f"nvidia-smi counts {report.attached_gpus} attached GPUs "
+        f"but reports on only {len(report.gpus)}"
     )
+    evidence = f"attached_gpus={report.attached_gpus} gpus_reported={len(report.gpus)}"
+    return RULES["GPU_NOT_REPORTED"].finding(Layer.GPU, NODE, SOURCE, message, evidence)
