@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.network import check as network
 from gpuguard.checks.network.check import (
     NetworkCheck,
     counter_deltas,
@@ -353,9 +352,7 @@ def test_no_adapters_and_none_expected_is_tool_missing(
         run_check(BundleSources(tmp_path), Config(expected_nics=0))
 
 
-def test_live_mode_samples_twice_within_the_time_budget(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_live_mode_samples_twice_within_the_time_budget(tmp_path: Path) -> None:
     root = h100_tree(tmp_path / "sys")
     slept: list[float] = []
 
@@ -363,9 +360,9 @@ def test_live_mode_samples_twice_within_the_time_budget(
         slept.append(seconds)
         write(root, "mlx5_7/ports/1/counters/link_downed", "2")
 
-    monkeypatch.setattr(network.time, "sleep", errors_while_sleeping)
     config = Config(infiniband_sysfs=root, counter_sample_interval_s=30)
-    findings = NetworkCheck().run(CheckContext(LiveSources(config), config, timeout_s=4.0))
+    check = NetworkCheck(wait=errors_while_sleeping)
+    findings = check.run(CheckContext(LiveSources(config), config, timeout_s=4.0))
     assert codes(findings) == {"LINK_FLAPPED": {"mlx5_7/1"}}
     assert slept == [2.0]
 

@@ -40,7 +40,7 @@ What the findings mean (fabric ports only):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -389,6 +389,10 @@ class NetworkCheck:
     name: ClassVar[str] = "network"
     layer: ClassVar[Layer] = Layer.NETWORK
 
+    def __init__(self, wait: Callable[[float], None] = time.sleep) -> None:
+        # How the live check waits between its two counter samples.
+        self._wait = wait
+
     def run(self, ctx: CheckContext) -> list[Finding]:
         expected = ctx.expectations
         network = ctx.config.network
@@ -433,5 +437,5 @@ class NetworkCheck:
             later_root = ctx.sources.infiniband_root_later()
             return None if later_root is None else read_infiniband_sysfs(later_root)
         # Leave at least half of the time budget for reading and judging.
-        time.sleep(min(ctx.config.counter_sample_interval_s, ctx.timeout_s / 2))
+        self._wait(min(ctx.config.counter_sample_interval_s, ctx.timeout_s / 2))
         return read_infiniband_sysfs(root)
