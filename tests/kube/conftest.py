@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -98,3 +99,14 @@ def start_controller(api: KubeApi, namespace: str) -> Iterator[Callable[..., Con
     yield start
     for item in running:
         item.halt()
+
+
+@pytest.fixture
+def node(control_plane: ControlPlane) -> Iterator[str]:
+    """A bare Node, deleted afterwards (nothing runs on it: no kubelet here)."""
+    name = f"gpu-{uuid.uuid4().hex[:8]}"
+    control_plane.request(
+        "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+    )
+    yield name
+    control_plane.request("DELETE", f"/api/v1/nodes/{name}")

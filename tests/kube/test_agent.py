@@ -67,16 +67,6 @@ class RunningAgent:
 
 
 @pytest.fixture
-def node(control_plane: ControlPlane) -> Iterator[str]:
-    name = f"gpu-{uuid.uuid4().hex[:8]}"
-    control_plane.request(
-        "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-    )
-    yield name
-    control_plane.request("DELETE", f"/api/v1/nodes/{name}")
-
-
-@pytest.fixture
 def start_agent(control_plane: ControlPlane) -> Iterator[Callable[..., RunningAgent]]:
     running: list[RunningAgent] = []
 

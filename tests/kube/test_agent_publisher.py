@@ -3,11 +3,7 @@ the injected clock, and the heartbeat rewrites only when due."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.agent.node_state import NodeState
@@ -31,16 +27,6 @@ class NoMemory:
 
     def memory(self, report: NodeReport) -> str:
         return ""
-
-
-@pytest.fixture
-def node(control_plane: ControlPlane) -> Iterator[str]:
-    name = f"gpu-{uuid.uuid4().hex[:8]}"
-    control_plane.request(
-        "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-    )
-    yield name
-    control_plane.request("DELETE", f"/api/v1/nodes/{name}")
 
 
 def publisher_on(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,14 +25,6 @@ from tests.support.controlplane import ControlPlane
 BAD_GPU = "0000:91:00.0"
 MERGE = "application/merge-patch+json"
 HOLD = "gpuguard.io/test-hold"
-
-
-@pytest.fixture
-def node(control_plane: ControlPlane) -> Iterator[str]:
-    name = f"drain-{uuid.uuid4().hex[:8]}"
-    control_plane.request("POST", "/api/v1/nodes", {"metadata": {"name": name}})
-    yield name
-    control_plane.request("DELETE", f"/api/v1/nodes/{name}")
 
 
 @pytest.fixture
