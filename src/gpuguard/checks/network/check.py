@@ -68,6 +68,7 @@ from gpuguard.checks.network.sysfs import (
     PortRecord,
     read_infiniband_sysfs,
 )
+from gpuguard.checks.rules import Rule
 from gpuguard.config import LinkLayer, NetworkConfig
 from gpuguard.errors import CheckFailed, NotApplicable, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Severity, nic
@@ -132,31 +133,16 @@ _AWAITING_SM = {
 }
 
 
-def _finding(
-    code: str,
-    severity: Severity,
-    action: Action,
-    port: PortRecord,
-    source: str,
-    message: str,
-    role: PortRole,
-) -> Finding:
+def _port_finding(rule: Rule, port: PortRecord, source: str, role: PortRole) -> Finding:
+    """The finding ``rule`` gives for one port, its reason prefixed by the port's name."""
     evidence = (
         f"state={port.state} phys_state={port.phys_state} rate_gbps={port.rate_gbps}"
         f" link_layer={port.link_layer} role={role.role} ({role.why})"
     )
     if port.notes:
         evidence += "; " + "; ".join(port.notes)
-    return Finding(
-        Layer.NETWORK,
-        code,
-        severity,
-        action,
-        nic(port.device, port.port),
-        source,
-        message,
-        evidence,
-    )
+    message = f"{port.name}: {rule.why}"
+    return rule.finding(Layer.NETWORK, nic(port.device, port.port), source, message, evidence)
 
 
 def evaluate_ports(
@@ -180,9 +166,9 @@ def evaluate_ports(
     fabric = [port for port in ports if roles[port.name].fabric]
     findings.extend(_port_count_findings(ports, fabric, roles, network, source))
     for port in fabric:
-        finding = _state_finding(port, roles[port.name], source)
-        if finding is not None:
-            findings.append(finding)
+        rule = _state_rule(port)
+        if rule is not None:
+            findings.append(_port_finding(rule, port, source, roles[port.name]))
     up = [port for port in fabric if port.link_up]
     findings.extend(_rate_findings(up, roles, network, expected_link_gbps, source))
     findings.extend(
@@ -204,36 +190,31 @@ def _candidate(port: PortRecord, role: PortRole, source: str) -> Finding:
             "IB_LINK_DOWN",
             f"link down ({port.state}): {why}; a lost fabric link or an unused port",
         )
-    message = (
-        f"{port.name}: {what}: set network.expected.Ethernet.ports (or network.devices) to"
-        " have it judged"
-    )
-    return _finding(code, Severity.WARNING, Action.NONE, port, source, message, role)
+    why = f"{what}: set network.expected.Ethernet.ports (or network.devices) to have it judged"
+    return _port_finding(Rule(code, Severity.WARNING, Action.NONE, why), port, source, role)
 
 
-def _state_finding(port: PortRecord, role: PortRole, source: str) -> Finding | None:
-    def finding(code: str, severity: Severity, action: Action, why: str) -> Finding:
-        return _finding(code, severity, action, port, source, f"{port.name}: {why}", role)
-
+def _state_rule(port: PortRecord) -> Rule | None:
+    """What a fabric port's state calls for; None for an active port."""
     if port.state is None or port.phys_state is None:
-        return finding(
+        return Rule(
             "PORT_STATE_UNREADABLE", Severity.CRITICAL, Action.REBOOT, "port state unreadable"
         )
     if port.phys_state == DISABLED:
         why = "administratively Disabled; enable it (a reboot does not)"
-        return finding("PORT_DISABLED", Severity.WARNING, Action.NONE, why)
+        return Rule("PORT_DISABLED", Severity.WARNING, Action.NONE, why)
     if port.phys_state != LINK_UP:
         why = _NO_LINK.get(port.phys_state, f"physical state {port.phys_state}")
-        return finding(
+        return Rule(
             "IB_LINK_DOWN", Severity.CRITICAL, Action.REBOOT, f"link down ({port.state}): {why}"
         )
     if port.state == ACTIVE:
         return None
     if link_layer_of(port) == INFINIBAND and port.state in _AWAITING_SM:
         why = f"physical link up, but {_AWAITING_SM[port.state]}"
-        return finding("IB_PORT_AWAITING_SM", Severity.CRITICAL, Action.NONE, why)
+        return Rule("IB_PORT_AWAITING_SM", Severity.CRITICAL, Action.NONE, why)
     why = "in link error recovery" if port.state == ACTIVE_DEFER else f"state {port.state}"
-    return finding("IB_LINK_DOWN", Severity.CRITICAL, Action.REBOOT, f"physical link up, but {why}")
+    return Rule("IB_LINK_DOWN", Severity.CRITICAL, Action.REBOOT, f"physical link up, but {why}")
 
 
 def _port_count_findings(
@@ -291,9 +272,8 @@ def _rate_findings(
     def finding(
         code: str, severity: Severity, action: Action, port: PortRecord, why: str
     ) -> Finding:
-        return _finding(
-            code, severity, action, port, source, f"{port.name}: {why}", roles[port.name]
-        )
+        rule = Rule(code, severity, action, why)
+        return _port_finding(rule, port, source, roles[port.name])
 
     rated: list[tuple[PortRecord, float]] = []
     for port in up:
