@@ -1,0 +1,112 @@
+"""What a run counts: actions and faults (``Stats``) and time in service (``ServiceBooks``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpuguard.sim.faults import HOUR, Fault
+from gpuguard.sli import TimeShare
+
+BIN_S = HOUR  # resolution of the availability time series
+
+
+@dataclass
+class FaultTimes:
+    detected: float | None = None
+    quarantined: float | None = None
+    repaired: float | None = None
+
+
+@dataclass
+class HiddenTimes:
+    """A fault no periodic check reads (SDC, fail-slow): who found it, when it left."""
+
+    by_checks: float | None = None  # a deep run named it
+    by_job: float | None = None  # a job's owners traced bad results to it
+    removed: float | None = None  # repaired or replaced away (not ended by itself)
+
+
+@dataclass
+class Stats:
+    actions: Counter[str] = field(default_factory=Counter)
+    false_drains: int = 0
+    breaker_trips: int = 0
+    dropped_faults: int = 0
+    decide_calls: int = 0
+    fault_times: dict[int, FaultTimes] = field(default_factory=dict)
+    hidden: dict[int, HiddenTimes] = field(default_factory=dict)
+    deep_runs: Counter[str] = field(default_factory=Counter)  # by trigger
+    availability_bins: list[float] = field(default_factory=list)  # in-service slot-seconds
+
+    # Each moment below is noted once: the first time it happens.
+
+    def detected(self, faults: Iterable[Fault], now: float) -> None:
+        for fault in faults:
+            times = self.fault_times.get(fault.id)
+            if times is not None and times.detected is None:
+                times.detected = now
+
+    def quarantined(self, fault_ids: Iterable[int], now: float) -> None:
+        for fault_id in fault_ids:
+            times = self.fault_times[fault_id]
+            if times.quarantined is None:
+                times.quarantined = now
+
+    def repaired(self, fault_ids: Iterable[int], now: float) -> None:
+        for fault_id in fault_ids:
+            self.fault_times[fault_id].repaired = now
+
+    def found_by_checks(self, faults: Iterable[Fault], now: float) -> None:
+        for fault in faults:
+            times = self.hidden.get(fault.id)
+            if times is not None and times.by_checks is None:
+                times.by_checks = now
+
+    def found_by_job(self, fault: Fault, now: float) -> None:
+        times = self.hidden.get(fault.id)
+        if times is not None and times.by_job is None:
+            times.by_job = now
+
+    def removed(self, faults: Iterable[Fault], now: float) -> None:
+        for fault in faults:
+            times = self.hidden.get(fault.id)
+            if times is not None and times.removed is None:
+                times.removed = now
+
+
+class ServiceBooks:
+    """Slots in service over time: the availability shares and their hourly bins.
+
+    Machines are counted apart from slots: a machine in repair still counts against
+    GPU-node availability while a spare fills its slot.
+    """
+
+    def __init__(self, stats: Stats, *, slots: int, horizon: float) -> None:
+        self.bins = stats.availability_bins = [0.0] * (int(horizon // BIN_S) + 1)
+        self.slots = slots
+        self.slot_share = TimeShare(0.0)
+        self.machine_share = TimeShare(0.0)
+        self.in_service = 0
+        self.occupied = slots  # slots with a machine in them
+        self.repairing = 0  # machines away for repair
+        self._bin_since = 0.0
+
+    def account(self, now: float) -> None:
+        """Book the time since the last call at the counts as they were."""
+        bins = self.bins
+        t = self._bin_since
+        while t < now:
+            index = int(t // BIN_S)
+            end = min(now, (index + 1) * BIN_S)
+            bins[min(index, len(bins) - 1)] += self.in_service * (end - t)
+            t = end
+        self._bin_since = now
+        self.slot_share.set(now, up=self.in_service, total=self.slots)
+        self.machine_share.set(now, up=self.in_service, total=self.occupied + self.repairing)
+
+    def service_changed(self, now: float, *, up: bool) -> None:
+        self.account(now)
+        self.in_service += 1 if up else -1
+        self.slot_share.up = self.machine_share.up = self.in_service

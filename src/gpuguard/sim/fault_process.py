@@ -1,0 +1,139 @@
+"""A fault's life on a node: its onset, the signals the agent reads of it, its end.
+
+A fault shows as a kernel log line (seconds after it starts) or as a value a periodic
+check reads (at the node's next check); ``signals`` is what the agent reads now. A fault
+that was repaired or replaced away before one of its signals comes due shows nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpuguard.sim.accounting import FaultTimes, HiddenTimes
+from gpuguard.sim.agent_view import CHECKED_SIGNALS, NodeSignals, is_application_line, kernel_line
+from gpuguard.sim.faults import HIDDEN_CLASSES, Effect, Fault, Fix
+from gpuguard.sim.fleet import Slot
+
+if TYPE_CHECKING:
+    from gpuguard.sim.engine import Engine
+
+APPLICATION_FAULT_TTL_S = 600.0  # the agent's default application_fault_ttl_s
+
+
+class FaultProcess:
+    """Starts each fault of the run's failure stream, shows its signals and ends it."""
+
+    def __init__(self, world: Engine) -> None:
+        self._world = world
+        self._events = world.events
+        self._stats = world.stats
+        self._driver = world.driver
+        self._detection = world.scenario.detection
+        self._slots = world.slots
+
+    def start(self, fault: Fault) -> None:
+        slot = self._slots[fault.slot]
+        if slot.machine is None or slot.down or (fault.lemon and not slot.original):
+            self._stats.dropped_faults += 1  # no machine running there to fail
+            return
+        if fault.fix is Fix.RESTART and fault.effect is not Effect.NONE and slot.job is None:
+            self._stats.dropped_faults += 1  # a job's own fault needs a job
+            return
+        slot.faults[fault.id] = fault
+        if fault.disables:
+            slot.incidents.append(fault.id)
+            self._stats.fault_times[fault.id] = FaultTimes()
+        if fault.cls in HIDDEN_CLASSES:
+            self._stats.hidden[fault.id] = HiddenTimes()
+        if fault.effect is Effect.DOWN:
+            slot.notready = True
+            self._world.fleet.request_human(slot)  # a machine that stopped answering gets a ticket
+        at = self._events.at
+        line = kernel_line(fault.signal, fault.gpu)
+        if line is not None:
+            at(fault.start + self._detection.kernel_log_s, self._show_line, slot, fault, line)
+        if fault.signal in CHECKED_SIGNALS:
+            delay = fault.check_phase * self._detection.check_interval_s
+            at(fault.start + delay, self._show_checked, slot, fault)
+        if fault.end is not None:
+            at(fault.end, self._end, slot, fault)
+        self._world.scheduler.hit(slot, fault)
+        self._world.fleet.refresh(slot)
+
+    @staticmethod
+    def is_current(slot: Slot, fault: Fault) -> bool:
+        """The fault is still on the node (not ended, repaired or replaced away)."""
+        return slot.faults.get(fault.id) is fault
+
+    def _show_line(self, slot: Slot, fault: Fault, line: str) -> None:
+        if not self.is_current(slot, fault) or slot.down:
+            return
+        now = self._events.now
+        application = is_application_line(line)
+        slot.kernel.append((fault.id, line, now, application))
+        if application:
+            self._events.at(now + APPLICATION_FAULT_TTL_S, self._expire_lines, slot)
+        self._driver.signals_changed(slot)
+
+    def _expire_lines(self, slot: Slot) -> None:
+        now = self._events.now
+        before = len(slot.kernel)
+        slot.kernel = [
+            k for k in slot.kernel if not (k[3] and now - k[2] >= APPLICATION_FAULT_TTL_S)
+        ]
+        if len(slot.kernel) != before:
+            self._driver.signals_changed(slot)
+
+    def _show_checked(self, slot: Slot, fault: Fault) -> None:
+        if not self.is_current(slot, fault) or slot.down:
+            return
+        slot.checked[fault.id] = (fault.signal, fault.gpu)
+        self._driver.signals_changed(slot)
+
+    def show_again(self, slot: Slot) -> None:
+        """A node back from an action: what is still wrong shows again once its checks run."""
+        at = self._events.at
+        due = self._events.now + self._detection.check_interval_s
+        for fault in list(slot.faults.values()):
+            line = kernel_line(fault.signal, fault.gpu)
+            if line is not None and not any(k[0] == fault.id for k in slot.kernel):
+                at(due, self._show_line, slot, fault, line)
+            if fault.signal in CHECKED_SIGNALS and fault.id not in slot.checked:
+                at(due, self._show_checked, slot, fault)
+
+    def _end(self, slot: Slot, fault: Fault) -> None:
+        if not self.is_current(slot, fault):
+            return
+        self.remove(slot, [fault])
+        self._driver.signals_changed(slot)
+
+    def remove(self, slot: Slot, gone: list[Fault]) -> None:
+        for fault in gone:
+            del slot.faults[fault.id]
+            slot.checked.pop(fault.id, None)
+            if fault.effect is Effect.DOWN and not any(
+                f.effect is Effect.DOWN for f in slot.faults.values()
+            ):
+                slot.notready = False
+        if slot.job is not None:
+            self._world.scheduler.speed_changed(slot.job)
+        self._world.fleet.refresh(slot)
+
+    @staticmethod
+    def signals(slot: Slot) -> NodeSignals:
+        """What the agent reads on the node now."""
+        return NodeSignals(
+            tuple(sorted({line for _, line, _, _ in slot.kernel})),
+            tuple(sorted(slot.checked.values())),
+            slot.deep,
+        )
+
+    @staticmethod
+    def has_node_fault(slot: Slot) -> bool:
+        """Something is wrong with the machine itself: not a job's own fault, not a switch
+        or a link that ends by itself while the machine is fine."""
+        return any(
+            (f.disables or f.effect is Effect.SLOW)
+            and (Fix.RESET <= f.fix <= Fix.REPLACE or f.effect is Effect.DOWN)
+            for f in slot.faults.values()
+        )

@@ -1,0 +1,268 @@
+"""The fleet: GPU-node slots and the machines in them, repairs, spares and people.
+
+A slot is where a node is in the cluster; the machine in it can be reset, rebooted, or
+sent away for repair while a spare (or, when none is left, new capacity) takes its place.
+``refresh`` is the one place that decides whether a slot takes work and is in service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpuguard.sim.agent_view import DeepFinding
+from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix
+from gpuguard.sim.jobs import Job
+from gpuguard.sli import in_service
+
+if TYPE_CHECKING:
+    from gpuguard.sim.engine import Engine
+
+
+@dataclass
+class Slot:
+    """One GPU-node slot of the fleet and the machine in it."""
+
+    index: int
+    pool: str
+    machine: int | None
+    generation: int = 0
+    original: bool = True  # still the first machine (a lemon's extra faults apply to it)
+    faults: dict[int, Fault] = field(default_factory=dict)
+    kernel: list[tuple[int, str, float, bool]] = field(default_factory=list)
+    checked: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    job: Job | None = None
+    down: str = ""  # "reset", "reboot", "manual": an action holds the node
+    testing: bool = False  # the deep suite is loading every GPU
+    test_ends: float = 0.0  # when the current deep run ends (a job placed meanwhile waits)
+    deep: tuple[DeepFinding, ...] = ()  # what the last deep run found (in the GPU layer)
+    notready: bool = False
+    tainted: bool = False
+    cordoned: bool = False
+    drain_until: float = 0.0
+    human_pending: bool = False
+    schedulable: bool = False
+    in_service: bool = False
+    incidents: list[int] = field(default_factory=list)  # disabling faults not yet repaired
+
+    @property
+    def name(self) -> str:
+        return f"gpu-node-{self.index:05d}" + (f"-r{self.generation}" if self.generation else "")
+
+    def speed(self) -> float:
+        pace = 1.0
+        for fault in self.faults.values():
+            if fault.effect is Effect.HANG:
+                return 0.0
+            if fault.effect is Effect.SLOW:
+                pace = min(pace, fault.slowdown)
+        return pace
+
+
+class Fleet:
+    """The slots and the machines: what holds a node, takes it away and brings it back."""
+
+    def __init__(self, world: Engine, *, seed: int) -> None:
+        self._world = world
+        self._events = world.events
+        self._stats = world.stats
+        self._books = world.books
+        self._driver = world.driver
+        scenario = world.scenario
+        self._fleet = scenario.fleet
+        self._actions = scenario.actions
+        self._detection = scenario.detection
+        self._rng = np.random.default_rng([seed, 2])  # action outcomes
+        self.slots = [
+            Slot(i, f"pool-{i % self._fleet.pools}", machine=i) for i in range(self._fleet.nodes)
+        ]
+        self.free: set[int] = set()  # schedulable slots without a job
+        self.spares = self._fleet.spare_nodes
+        self.next_machine = self._fleet.nodes + self._fleet.spare_nodes
+        self.on_idle: Callable[[Slot], None] | None = None  # a slot just became free
+
+    def refresh(self, slot: Slot) -> None:
+        """Recompute whether the slot takes work and is in service; keep the books."""
+        now = self._events.now
+        # A machine in the slot and no action holding it, then the one definition the
+        # controller uses; the scheduler goes by the same flags but cannot see faults.
+        present = slot.machine is not None and not slot.down
+        ready, cordoned, quarantined = not slot.notready, slot.cordoned, slot.tainted
+        schedulable = present and in_service(
+            ready=ready, cordoned=cordoned, quarantined=quarantined, faulty=False
+        )
+        up = present and in_service(
+            ready=ready,
+            cordoned=cordoned,
+            quarantined=quarantined,
+            faulty=any(f.disables for f in slot.faults.values()),
+        )
+        newly_free = False
+        if schedulable and slot.job is None:
+            if slot.index not in self.free:
+                self.free.add(slot.index)
+                self._world.scheduler.want_scheduling()
+                newly_free = True
+        else:
+            self.free.discard(slot.index)
+        if not schedulable and slot.incidents:
+            self._stats.quarantined(slot.incidents, now)
+        if up != slot.in_service:
+            self._books.service_changed(now, up=up)
+            if up and slot.incidents:
+                self._stats.repaired(slot.incidents, now)
+                slot.incidents.clear()
+        slot.schedulable, slot.in_service = schedulable, up
+        if newly_free and self.on_idle is not None:
+            self.on_idle(slot)
+
+    def set_flags(
+        self, slot: Slot, *, tainted: bool | None = None, cordoned: bool | None = None
+    ) -> None:
+        if tainted is not None:
+            slot.tainted = tainted
+        if cordoned is not None:
+            slot.cordoned = cordoned
+        self.refresh(slot)
+
+    def start_test(self, slot: Slot, duration: float) -> None:
+        """The deep suite starts on the node. As in production the node stays as it was
+        (a scheduled run starts on an idle node that stays in service; a verify runs under
+        the quarantine taint): a job placed meanwhile starts once the run ends."""
+        slot.testing = True
+        slot.test_ends = self._events.now + duration
+
+    def end_test(self, slot: Slot) -> None:
+        slot.testing = False
+
+    # -- resets and reboots -----------------------------------------------------------
+
+    def repair(
+        self, slot: Slot, what: str, *, gpus: tuple[int, ...] = (), manual: bool = False
+    ) -> None:
+        """Reset GPUs or reboot: the node is held for the action's time, then the faults
+        the action can clear are gone (unless the action itself failed)."""
+        now = self._events.now
+        duration = self._actions.gpu_reset_s if what == "reset" else self._actions.reboot_min * 60.0
+        self._stats.actions[("manual_" if manual else "") + what] += 1
+        self._world.scheduler.interrupt_job(slot, cause="platform")
+        slot.down = "manual" if manual else what
+        slot.test_ends = min(slot.test_ends, now)  # a deep run stops with the GPUs
+        machine = slot.machine
+        self._events.at(now + duration, self._repair_done, slot, machine, what, gpus, manual)
+        self.refresh(slot)
+
+    def _repair_done(
+        self, slot: Slot, machine: int | None, what: str, gpus: tuple[int, ...], manual: bool
+    ) -> None:
+        if slot.machine != machine:
+            return
+        slot.down = ""
+        failed = not manual and self._rng.random() < self._actions.failure_probability
+        level = Fix.RESET if what == "reset" else Fix.REBOOT
+        faults = self._world.fault_process
+        if not failed:
+            cleared = [
+                f
+                for f in slot.faults.values()
+                if f.fix <= level and (not gpus or f.gpu in gpus or level is Fix.REBOOT)
+            ]
+            if level is Fix.REBOOT:
+                slot.kernel.clear()
+            else:
+                slot.kernel = [k for k in slot.kernel if slot.faults.get(k[0]) not in cleared]
+            slot.deep = ()  # the agent forgets a deep verdict on the GPUs as they were
+            self._stats.removed(cleared, self._events.now)
+            faults.remove(slot, cleared)
+        faults.show_again(slot)
+        self.refresh(slot)
+        self._driver.action_done(slot, what, not failed)
+
+    # -- replacement ------------------------------------------------------------------
+
+    def replace(self, slot: Slot, *, manual: bool = False) -> None:
+        """The machine leaves for repair; a spare (or new capacity) takes the slot."""
+        if slot.machine is None:
+            return
+        now = self._events.now
+        books = self._books
+        self._stats.actions["manual_replace" if manual else "replace"] += 1
+        self._world.scheduler.interrupt_job(slot, cause="platform")
+        books.account(now)
+        self._stats.removed(slot.faults.values(), now)
+        slot.machine = None
+        slot.testing = False
+        slot.test_ends = now
+        slot.deep = ()
+        slot.faults.clear()
+        slot.kernel.clear()
+        slot.checked.clear()
+        slot.notready = False
+        slot.down = ""
+        slot.tainted = slot.cordoned = False
+        books.occupied -= 1
+        books.repairing += 1
+        self._events.at(now + self._fleet.repair_days * DAY, self._repaired_machine)
+        self.refresh(slot)
+        books.account(now)
+        self._refill(slot)
+
+    def _refill(self, slot: Slot) -> None:
+        if self.spares > 0:
+            self.spares -= 1
+            machine = -1  # a spare
+            delay = self._fleet.replace_from_spare_min * 60.0
+        else:
+            machine = self.next_machine
+            self.next_machine += 1
+            delay = self._fleet.new_capacity_h * HOUR
+        self._events.at(self._events.now + delay, self._fill, slot, machine)
+
+    def _fill(self, slot: Slot, machine: int) -> None:
+        if machine < 0:
+            machine = self.next_machine
+            self.next_machine += 1
+        now = self._events.now
+        self._books.account(now)
+        slot.machine = machine
+        slot.generation += 1
+        slot.original = False
+        self._books.occupied += 1
+        self.refresh(slot)
+        self._books.account(now)
+        self._driver.node_replaced(slot)
+
+    def _repaired_machine(self) -> None:
+        now = self._events.now
+        self._books.account(now)
+        self._books.repairing -= 1
+        self.spares += 1
+        self._books.account(now)
+
+    # -- people -----------------------------------------------------------------------
+
+    def request_human(self, slot: Slot) -> None:
+        """A person looks at the node after the scenario's response time."""
+        if slot.human_pending:
+            return
+        slot.human_pending = True
+        response = self._detection.manual_response_h * HOUR
+        self._events.at(self._events.now + response, self._human, slot, slot.machine)
+
+    def _human(self, slot: Slot, machine: int | None) -> None:
+        slot.human_pending = False
+        if slot.machine != machine or slot.down:
+            return
+        persistent = [
+            f for f in slot.faults.values() if f.fix in (Fix.RESET, Fix.REBOOT, Fix.REPLACE)
+        ]
+        if not persistent:
+            return
+        self._stats.detected(slot.faults.values(), self._events.now)
+        if max(f.fix for f in persistent) <= Fix.REBOOT:
+            self.repair(slot, "reboot", manual=True)
+        else:
+            self.replace(slot, manual=True)

@@ -1,0 +1,299 @@
+"""The workload on the fleet: placement, start-up, checkpoints, the hang watchdog, silent
+data corruption, and requeueing interrupted jobs.
+
+Jobs go on free schedulable slots, interrupted jobs first. A placed job starts up, then
+runs at the pace of its slowest node; an interruption rolls it back to its last
+checkpoint and requeues it, or fails it once its retries or its wait for capacity run out.
+A job's timers (its start-up, end, watchdog, requeue and capacity timeout) belong to one
+stretch of its life: each placement, speed change and interruption cancels the ones
+before it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from gpuguard.sim.events import Event
+from gpuguard.sim.faults import ATTRIBUTED, HOUR, Effect, Fault, Fix
+from gpuguard.sim.fleet import Slot
+from gpuguard.sim.jobs import Job, JobState, effective_speed
+
+if TYPE_CHECKING:
+    from gpuguard.sim.engine import Engine
+
+
+class Scheduler:
+    """The jobs' queues and each job's course on the nodes it was given."""
+
+    def __init__(self, world: Engine) -> None:
+        self._world = world
+        self._events = world.events
+        self._stats = world.stats
+        self._driver = world.driver
+        self._slots = world.slots
+        scenario = world.scenario
+        self._jobs = scenario.jobs
+        self._detection = scenario.detection
+        self._sdc_fails_job = scenario.failures.sdc_fails_job
+        self._free = world.fleet.free
+        self.waiting: list[Job] = []  # interrupted, restart first
+        self.queued: list[Job] = []
+        self.smallest_job = min(size.nodes for size in scenario.jobs.mix)
+        self.speed_factor = effective_speed(scenario.jobs)
+        self._scheduling = False
+        self._armed_sdc: set[tuple[int, int]] = set()  # (fault, job)
+        self._timers: dict[int, tuple[Event, ...]] = {}  # by job id: the current stretch's
+
+    def arrive(self, job: Job) -> None:
+        self.queued.append(job)
+        self.want_scheduling()
+
+    # -- placement --------------------------------------------------------------------
+
+    def want_scheduling(self) -> None:
+        if not self._scheduling:
+            self._scheduling = True
+            self._events.at(self._events.now, self._schedule)
+
+    def _schedule(self) -> None:
+        self._scheduling = False
+        for line in (self.waiting, self.queued):
+            index = 0
+            while index < len(line) and len(self._free) >= self.smallest_job:
+                job = line[index]
+                if job.nodes <= len(self._free):
+                    del line[index]
+                    self._place(job)
+                else:
+                    index += 1
+
+    def _place(self, job: Job) -> None:
+        now = self._events.now
+        slots = self._slots
+        picked = list(itertools.islice(self._free, job.nodes))
+        for index in picked:
+            slot = slots[index]
+            slot.job = job
+            self._free.discard(index)
+        job.slots = picked
+        job.state = JobState.RESTARTING
+        self._cancel_timers(job)
+        job.placed_at = now
+        # Its GPUs are the deep suite's until a run in progress on its nodes ends.
+        job.starts_at = max([now, *(slots[i].test_ends for i in picked if slots[i].testing)])
+        job.waiting_since = None
+        if job.first_start is None:
+            job.first_start = now
+        overhead = self._jobs.restart_overhead_min * 60.0
+        self._timers[job.id] = (self._events.at(job.starts_at + overhead, self._ready, job),)
+
+    def _ready(self, job: Job) -> None:
+        now = self._events.now
+        job.start_up_until(now)
+        for index in job.slots:
+            for fault in self._slots[index].faults.values():
+                if fault.effect in (Effect.CRASH, Effect.DOWN):
+                    self.interrupt(job, cause="fault", fault=fault)  # dies initialising
+                    return
+        job.state = JobState.RUNNING
+        job.segment_start = now
+        job.speed = self._pace(job)
+        job.pieces = [(now, job.speed)]
+        self._plan_end(job)
+        for index in job.slots:
+            for fault in self._slots[index].faults.values():
+                if fault.effect is Effect.SILENT:
+                    self._arm_sdc(fault, job)
+
+    def _release(self, job: Job) -> None:
+        refresh = self._world.fleet.refresh
+        for index in job.slots:
+            slot = self._slots[index]
+            if slot.job is job:
+                slot.job = None
+                refresh(slot)
+        job.slots = []
+
+    # -- running ----------------------------------------------------------------------
+
+    def _pace(self, job: Job) -> float:
+        return min(self._slots[i].speed() for i in job.slots) * self.speed_factor
+
+    def _plan_end(self, job: Job) -> None:
+        """Its end at the current pace, or, while a node hangs, the watchdog."""
+        now = self._events.now
+        self._cancel_timers(job)
+        if job.speed > 0:
+            remaining = max(0.0, job.work_h - job.progress_at(now))
+            end = self._events.at(now + remaining * HOUR / job.speed, self._done, job)
+        else:
+            end = self._events.at(now + self._detection.watchdog_min * 60.0, self._watchdog, job)
+        self._timers[job.id] = (end,)
+
+    def speed_changed(self, job: Job) -> None:
+        if job.state is not JobState.RUNNING:
+            return
+        pace = self._pace(job)
+        if pace != job.speed:
+            job.speed = pace
+            job.pieces.append((self._events.now, pace))
+            self._plan_end(job)
+
+    def _watchdog(self, job: Job) -> None:
+        if job.state is JobState.RUNNING and job.speed == 0:
+            hung = next(
+                (
+                    f
+                    for i in job.slots
+                    for f in self._slots[i].faults.values()
+                    if f.effect is Effect.HANG
+                ),
+                None,
+            )
+            self.interrupt(job, cause="fault", fault=hung)
+
+    def _done(self, job: Job) -> None:
+        if job.state is not JobState.RUNNING:
+            return
+        now = self._events.now
+        job.running_h += (now - job.segment_start) / HOUR
+        job.saved_h = job.work_h
+        job.state = JobState.SUCCEEDED
+        job.ended_at = now
+        self._cancel_timers(job)  # an ended job keeps none
+        self._release(job)
+
+    def hit(self, slot: Slot, fault: Fault) -> None:
+        """A fault starts under the slot's job."""
+        job = slot.job
+        if job is None or job.state is not JobState.RUNNING:
+            return  # a job initialising finds the fault when it is ready
+        if fault.effect in (Effect.CRASH, Effect.DOWN):
+            self.interrupt(job, cause="fault", fault=fault)
+        elif fault.effect in (Effect.HANG, Effect.SLOW):
+            self.speed_changed(job)
+        elif fault.effect is Effect.SILENT:
+            self._arm_sdc(fault, job)
+
+    # -- silent data corruption -------------------------------------------------------
+
+    def _arm_sdc(self, fault: Fault, job: Job) -> None:
+        """The job computes on a corrupting GPU; its owners find out some time later."""
+        if (fault.id, job.id) in self._armed_sdc:
+            return
+        self._armed_sdc.add((fault.id, job.id))
+        now = self._events.now
+        found = now + self._detection.sdc_detection_h * HOUR
+        self._events.at(found, self._sdc_found, fault, job, now, job.progress_at(now))
+
+    def _sdc_found(self, fault: Fault, job: Job, corrupted_at: float, good_h: float) -> None:
+        """Bad results traced to the node: the work since the corruption is lost wherever
+        the job is now (its checkpoints carry it), and the job fails if the scenario says
+        so. A job that already ended loses that work too."""
+        # The job's owners now keep it off that GPU: it is not corrupted there again.
+        self._stats.found_by_job(fault, self._events.now)
+        slot = self._slots[fault.slot]
+        if self._world.fault_process.is_current(slot, fault):
+            # The job's owners trace the bad results to the node.
+            self._world.fleet.request_human(slot)
+        if job.state is JobState.FAILED:
+            return
+        if job.state in (JobState.RUNNING, JobState.RESTARTING):
+            self.interrupt(job, cause="fault", fault=fault, rollback_to=corrupted_at)
+        if job.saved_h > good_h:
+            job.lost_h += job.saved_h - good_h
+            job.saved_h = good_h
+        if not self._sdc_fails_job or job.failure:  # failed meanwhile
+            return
+        if job.state is JobState.SUCCEEDED:  # it ended when it ended, on wrong numbers
+            job.state, job.failure = JobState.FAILED, "silent data corruption"
+            return
+        if job in self.waiting:
+            self.waiting.remove(job)
+        self._fail(job, "silent data corruption")
+
+    # -- interruptions ----------------------------------------------------------------
+
+    def interrupt_job(self, slot: Slot, *, cause: str) -> None:
+        if slot.job is not None:
+            self.interrupt(slot.job, cause=cause)
+
+    def interrupt(
+        self,
+        job: Job,
+        *,
+        cause: str,
+        fault: Fault | None = None,
+        rollback_to: float | None = None,
+    ) -> None:
+        """The job stops on all its nodes; it restarts from its last good checkpoint."""
+        now = self._events.now
+        if job.state is JobState.RESTARTING:
+            job.start_up_until(now)
+        elif job.state is JobState.RUNNING:
+            interval = self._jobs.checkpoint_interval_min * 60.0
+            good = min(now, rollback_to if rollback_to is not None else now)
+            saved = job.progress_at(job.last_checkpoint(max(good, job.segment_start), interval))
+            job.lost_h += job.progress_at(now) - saved
+            job.saved_h = saved
+            job.running_h += (now - job.segment_start) / HOUR
+        else:
+            return
+        job.interruptions += 1
+        if fault is not None and fault.cls in ATTRIBUTED:
+            job.attributed_interruptions += 1
+        self._cancel_timers(job)
+        slots = [self._slots[i] for i in job.slots]
+        self._release(job)
+        faults = self._world.fault_process
+        for slot in slots:  # a job's own fault (its crash, its hang) ends with it
+            ended = [f for f in slot.faults.values() if f.fix is Fix.RESTART]
+            if ended:
+                faults.remove(slot, ended)
+        if cause != "platform" or not self._driver.job_aware:
+            job.retries += 1
+        if job.retries > self._jobs.retry_budget:
+            self._fail(job, "retry budget exhausted")
+        else:
+            job.state = JobState.WAITING
+            job.waiting_since = now
+            at = self._events.at
+            timeout = at(now + self._jobs.capacity_timeout_h * HOUR, self._capacity_timeout, job)
+            requeue = at(now + self._jobs.requeue_delay_s, self._requeue, job)
+            self._timers[job.id] = (timeout, requeue)
+        if cause == "fault":
+            for slot in slots:
+                if slot.faults and faults.has_node_fault(slot):
+                    self._world.fleet.request_human(slot)  # operators chase nodes that kill jobs
+
+    def _requeue(self, job: Job) -> None:
+        if job.state is JobState.WAITING:
+            self.waiting.append(job)
+            self.want_scheduling()
+
+    def _capacity_timeout(self, job: Job) -> None:
+        if job.state is JobState.WAITING:
+            if job in self.waiting:
+                self.waiting.remove(job)
+            self._fail(job, "no capacity in time")
+
+    def _fail(self, job: Job, why: str) -> None:
+        job.state = JobState.FAILED
+        job.failure = why
+        job.ended_at = self._events.now
+        self._cancel_timers(job)  # an ended job keeps none
+
+    def _cancel_timers(self, job: Job) -> None:
+        for event in self._timers.pop(job.id, ()):
+            self._events.cancel(event)
+
+    @staticmethod
+    def close_books(jobs: list[Job], t: float) -> None:
+        """Count the stretch each job is in at the end of the run."""
+        for job in jobs:
+            if job.state is JobState.RUNNING:
+                job.running_h += (t - job.segment_start) / HOUR
+                job.saved_h = job.progress_at(t)
+            elif job.state is JobState.RESTARTING:
+                job.start_up_until(t)
