@@ -34,7 +34,6 @@ class Job:
     arrival: float
     state: JobState = JobState.QUEUED
     slots: list[int] = field(default_factory=list)
-    version: int = 0  # bumps on every placement, interruption and speed change
     saved_h: float = 0.0  # progress at the last checkpoint (what survives an interruption)
     segment_start: float = 0.0  # when the current productive stretch began
     pieces: list[tuple[float, float]] = field(default_factory=list)  # (from, speed) this stretch
