@@ -225,6 +225,7 @@ class Controller:
         objects = item.items if isinstance(item, Snapshot) else [item.object]
         if isinstance(item, WatchEvent) and item.type == "DELETED":
             objects = []
+        news = isinstance(item, Snapshot)
         for obj in objects:
             try:
                 answer = answer_in(obj)
@@ -232,9 +233,10 @@ class Controller:
                 log.warning("ignoring an answer: %s", exc)
                 continue
             if answer is not None:
-                self.reconciler.take_result(answer.node, answer.opened_at, answer.result)
+                news |= self.reconciler.take_result(answer.node, answer.opened_at, answer.result)
         self._listed.add("answers")
-        self._wake.set()
+        if news:  # not for the controller's own writes of the episode
+            self._wake.set()
         return item.resource_version
 
     def _take_pods(self, item: Snapshot | WatchEvent) -> str:

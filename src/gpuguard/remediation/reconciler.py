@@ -116,10 +116,12 @@ class Reconciler:
         """The nodes a pass must see: those needing attention and those with an episode."""
         return self.attention | self.episodes.keys()
 
-    def take_result(self, node: str, opened_at: float, result: ActionResult) -> None:
+    def take_result(self, node: str, opened_at: float, result: ActionResult) -> bool:
         """The agent's (or provider's) answer to a requested action of the episode of
-        ``node`` opened at ``opened_at``."""
+        ``node`` opened at ``opened_at``; True when it is news."""
+        known = self._results.get((node, opened_at))
         self._results[node, opened_at] = result
+        return known != result
 
     # --- one pass -------------------------------------------------------------------
     def reconcile(
