@@ -27,12 +27,13 @@ Method
    ``XID_48``). Latency = arrival of the first watch event showing
    ``gpuguard.io/unhealthy:NoSchedule`` on the node - the moment the condition write
    returned. Three series: ``--single`` flips one at a time on an otherwise quiet fleet
-   (a random 0.2-0.7 s pause first, so a flip lands at a random phase of the controller's
-   1 s resync); the same again while other nodes heartbeat (``--heartbeats`` Node writes
-   a second, by default what N agents with the default 180 s heartbeat write: 2 N / 180,
-   ~56/s at 5,000 nodes; a real fleet is never quiet); then ``--flip`` nodes at once,
-   written by ``--threads`` writers as fast as the API server takes them, each node's own
-   write time kept.
+   (a random 0.2-0.7 s pause first, so flips do not fall into step with the controller's
+   passes; it has no fixed resync, it runs a pass on each watch event that can matter and
+   at the policy's next deadline); the same again while other nodes heartbeat
+   (``--heartbeats`` Node writes a second, by default what N agents with the default
+   180 s heartbeat write: 2 N / 180, ~56/s at 5,000 nodes; a real fleet is never
+   quiet); then ``--flip`` nodes at once, written by ``--threads`` writers as fast as
+   the API server takes them, each node's own write time kept.
 4. **Drain.** ``--pods`` pods are bound to ``--drain-nodes`` other nodes (no
    PodDisruptionBudget) and set ``Running`` through ``pods/status`` as admin. Those nodes
    flip with ``XID_79`` / ``REBOOT``: tolerance 0 by default, so each goes straight to
@@ -42,7 +43,8 @@ Method
    ``gpuguard_controller_evictions_total``. Rate = (evictions - 1) / (last - first).
 5. **Memory and CPU.** ``VmRSS`` / ``VmHWM`` from ``/proc/PID/status`` after start-up has
    settled (steady state on the whole fleet, nothing happening), and at the end (peak);
-   CPU (utime + stime) over a quiet window as % of one core.
+   CPU (utime + stime) and reconciles (passes) a second over a quiet window, CPU as % of
+   one core.
 
 Everything shares one machine: etcd, kube-apiserver, the controller and this benchmark's
 writers and watchers. On a 2-core machine the API server is the busiest of them, so the
@@ -56,7 +58,6 @@ loop's time went; do not take latencies from a profiled run). Results: docs/BENC
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -81,6 +82,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import synthetic_nodes as synthetic  # noqa: E402
+
 from gpuguard.kube.rest import KubeApi, load_api  # noqa: E402
 from tests.support.cluster import finish_terminating_pods, install_crds  # noqa: E402
 from tests.support.controlplane import ControlPlane, free_port, testenv_bin  # noqa: E402
@@ -89,8 +92,6 @@ GPUGUARD = REPO / ".venv" / "bin" / "gpuguard"
 PYTHON = REPO / ".venv" / "bin" / "python"
 NAMESPACE = "gpuguard"  # the controller's Lease and breaker state
 POD_NAMESPACE = "bench"
-POOL_LABEL = "karpenter.sh/nodepool"
-POOLS = 10
 TAINT = b"gpuguard.io/unhealthy"
 REPORT = "gpuguard.io/report"
 GPU_CONDITION = "GpuguardGPUHealthy"
@@ -159,24 +160,16 @@ IMAGE_CATALOGUE: tuple[tuple[str, str, int], ...] = (
     ("docker.io/nvidia/nccl-tests", "2.13.10-cuda12.4", 4_410_233_001),
     ("docker.io/mpioperator/mpi-operator", "0.5.0", 61_330_298),
 )
-ZONES = ("us-west-2a", "us-west-2b", "us-west-2c")
-INSTANCE_TYPE = "p5.48xlarge"
-
-
-def _digest(*parts: object) -> str:
-    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
-
-
-def _uuid(*parts: object, prefix: str = "") -> str:
-    hexa = prefix + _digest(*parts)[: 32 - len(prefix)]
-    return f"{hexa[:8]}-{hexa[8:12]}-{hexa[12:16]}-{hexa[16:20]}-{hexa[20:]}"
 
 
 def _images(rng: random.Random, count: int) -> list[dict[str, Any]]:
     chosen = rng.sample(IMAGE_CATALOGUE, min(count, len(IMAGE_CATALOGUE)))
     chosen.sort(key=lambda image: -image[2])  # the kubelet lists the biggest first
     return [
-        {"names": [f"{repo}@sha256:{_digest(repo, tag)}", f"{repo}:{tag}"], "sizeBytes": size}
+        {
+            "names": [f"{repo}@sha256:{synthetic.digest(repo, tag)}", f"{repo}:{tag}"],
+            "sizeBytes": size,
+        }
         for repo, tag, size in chosen
     ]
 
@@ -199,18 +192,11 @@ def node_body(index: int, images: int) -> dict[str, Any]:
     """One Node as a kubelet registers it and the gpuguard agent decorates it."""
     rng = random.Random(index)
     name = node_name(index)
-    zone = ZONES[index % len(ZONES)]
-    ip = f"10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255}"
-    dns = f"ip-{ip.replace('.', '-')}.us-west-2.compute.internal"
+    zone = synthetic.ZONES[index % len(synthetic.ZONES)]
+    ip, dns = synthetic.ip_and_host(index)
     instance = f"i-{rng.getrandbits(68):017x}"
     since = _rfc3339(time.time() - 3600)
     beat = _rfc3339(time.time() - rng.uniform(0, 60))
-    kubelet_conditions = [
-        ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory"),
-        ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-        ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-        ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
-    ]  # fmt: skip
     gpuguard_conditions = [
         (kind, "True", "Healthy", f"gpuguard: {layer} checks pass")
         for kind, layer in (
@@ -219,45 +205,13 @@ def node_body(index: int, images: int) -> dict[str, Any]:
             ("GpuguardKernelHealthy", "kernel"),
         )
     ]
-    resources = {
-        "cpu": "192",
-        "memory": "2097152000Ki",
-        "pods": "737",
-        "ephemeral-storage": "30408000Ki",
-        "hugepages-1Gi": "0",
-        "hugepages-2Mi": "0",
-        "nvidia.com/gpu": "8",
-        "vpc.amazonaws.com/efa": "32",
-    }
+    resources = synthetic.resources()
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {
-                "beta.kubernetes.io/arch": "amd64",
-                "beta.kubernetes.io/instance-type": INSTANCE_TYPE,
-                "beta.kubernetes.io/os": "linux",
-                "failure-domain.beta.kubernetes.io/region": "us-west-2",
-                "failure-domain.beta.kubernetes.io/zone": zone,
-                "kubernetes.io/arch": "amd64",
-                "kubernetes.io/hostname": dns,
-                "kubernetes.io/os": "linux",
-                "node.kubernetes.io/instance-type": INSTANCE_TYPE,
-                "topology.kubernetes.io/region": "us-west-2",
-                "topology.kubernetes.io/zone": zone,
-                "topology.k8s.aws/zone-id": f"usw2-az{index % 3 + 1}",
-                "karpenter.sh/capacity-type": "reserved",
-                "karpenter.sh/initialized": "true",
-                "karpenter.sh/registered": "true",
-                POOL_LABEL: f"pool-{index % POOLS:02d}",
-                "karpenter.k8s.aws/instance-gpu-count": "8",
-                "karpenter.k8s.aws/instance-gpu-name": "h100",
-                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                "nvidia.com/gpu.count": "8",
-                "nvidia.com/cuda.driver.major": "550",
-                "feature.node.kubernetes.io/pci-10de.present": "true",
-            },
+            "labels": synthetic.labels(index, zone, dns),
             "annotations": {
                 "alpha.kubernetes.io/provided-node-ip": ip,
                 "node.alpha.kubernetes.io/ttl": "0",
@@ -269,28 +223,16 @@ def node_body(index: int, images: int) -> dict[str, Any]:
         "spec": {"providerID": f"aws:///{zone}/{instance}"},
         "status": {
             "capacity": resources,
-            "allocatable": {**resources, "cpu": "191450m", "memory": "2061234176Ki"},
-            "conditions": [
-                {
-                    "type": kind,
-                    "status": status,
-                    "reason": reason,
-                    "message": message,
-                    "lastHeartbeatTime": beat,
-                    "lastTransitionTime": since,
-                }
-                for kind, status, reason, message in [*kubelet_conditions, *gpuguard_conditions]
-            ],
-            "addresses": [
-                {"type": "InternalIP", "address": ip},
-                {"type": "InternalDNS", "address": dns},
-                {"type": "Hostname", "address": dns},
-            ],
+            "allocatable": synthetic.allocatable(resources),
+            "conditions": synthetic.conditions(
+                [*synthetic.KUBELET_CONDITIONS, *gpuguard_conditions], heartbeat=beat, since=since
+            ),
+            "addresses": synthetic.addresses(ip, dns),
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
-                "machineID": _digest("machine", index)[:32],
-                "systemUUID": _uuid("system", index, prefix="ec2"),
-                "bootID": _uuid("boot", index),
+                "machineID": synthetic.digest("machine", index)[:32],
+                "systemUUID": synthetic.uuid("system", index, prefix="ec2"),
+                "bootID": synthetic.uuid("boot", index),
                 "kernelVersion": "5.10.223-212.873.amzn2.x86_64",
                 "osImage": "Amazon Linux 2",
                 "containerRuntimeVersion": "containerd://1.7.20",
@@ -559,6 +501,7 @@ class Results:
     ready_s: float = 0.0
     first_reconcile_s: float = 0.0
     reconcile_ms: float = 0.0  # mean over the idle window
+    idle_reconciles: float = 0.0  # per second, over the idle window
     idle_cpu_pct: float = 0.0
     steady_rss: float = 0.0
     steady_hwm: float = 0.0
@@ -709,10 +652,11 @@ def settle(args: argparse.Namespace, controller: ControllerProcess, results: Res
     reconciles = after[RECONCILES] - before[RECONCILES]
     spent = after[RECONCILE_SECONDS] - before[RECONCILE_SECONDS]
     results.reconcile_ms = 1000 * spent / max(reconciles, 1)
+    results.idle_reconciles = reconciles / quiet
     results.steady_rss, results.steady_hwm = controller.memory_mib()
     print(
         f"  steady: RSS {results.steady_rss:.1f} MiB (peak {results.steady_hwm:.1f}), idle CPU "
-        f"{results.idle_cpu_pct:.1f} %, {reconciles:.0f} reconciles in {quiet:.0f} s, "
+        f"{results.idle_cpu_pct:.2f} %, {reconciles:.0f} reconciles in {quiet:.0f} s, "
         f"{results.reconcile_ms:.1f} ms each",
         flush=True,
     )
@@ -725,7 +669,7 @@ def single_flips(
     rng = random.Random(len(names))
     latencies: list[float] = []
     for i, name in enumerate(names):
-        time.sleep(rng.uniform(0.2, 0.7))  # a random phase of the 1 s resync
+        time.sleep(rng.uniform(0.2, 0.7))  # out of step with whatever the controller does
         written = flip(api, name, code="XID_48", action="RESET_GPU", reason="Xid48")
         tainted.wait_all([name], 30)
         latencies.append(1000 * (tainted.times[name] - written))
@@ -926,8 +870,8 @@ def report(args: argparse.Namespace, results: Results) -> None:
     )
     print(
         f"controller start: ready {results.ready_s:.1f} s, first reconcile "
-        f"{results.first_reconcile_s:.1f} s; idle reconcile {results.reconcile_ms:.1f} ms, "
-        f"idle CPU {results.idle_cpu_pct:.1f} % of a core"
+        f"{results.first_reconcile_s:.1f} s; idle: {results.idle_reconciles:.2f} reconciles/s "
+        f"of {results.reconcile_ms:.1f} ms, CPU {results.idle_cpu_pct:.2f} % of a core"
     )
     print()
     print(f"{'measurement':<44}{'p50':>9}{'p99':>9}{'max':>9}{'goal':>22}")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import importlib.metadata
 import json
 import platform
@@ -45,12 +44,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import synthetic_nodes as synthetic
+
 NODES = 5000
 PAGE_SIZE = 500  # what the controller asks for (kube.rest.LIST_PAGE_SIZE)
 REPEATS = 3
 DECODERS = ("json.loads", "lightkube", "gpuguard")
 EPOCH = 1_767_225_600  # 2026-01-01T00:00:00Z: a fixed "now" keeps the bytes identical
-POOLS = 10
 
 REGISTRIES = (
     "nvcr.io/nvidia",
@@ -74,12 +74,6 @@ REPOSITORIES = (
     "data-loader", "nccl-tests", "mpi-operator", "kube-state-metrics", "karpenter",
     "nvidia-mig-manager", "aws-node-termination-handler", "efa-installer",
 )  # fmt: skip
-KUBELET_CONDITIONS = (
-    ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory"),
-    ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-    ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-    ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
-)  # fmt: skip
 GPUGUARD_CONDITIONS = (
     ("GpuguardGPUHealthy", "True", "Healthy", "checked by dcgm, nvml, nvidia-smi"),
     ("GpuguardNetworkHealthy", "True", "Healthy", "checked by network, ibstat"),
@@ -88,15 +82,6 @@ GPUGUARD_CONDITIONS = (
 
 
 # --- the synthetic fleet ------------------------------------------------------------------
-
-
-def _digest(*parts: object) -> str:
-    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
-
-
-def _uuid(*parts: object) -> str:
-    hexa = _digest(*parts)
-    return f"{hexa[:8]}-{hexa[8:12]}-{hexa[12:16]}-{hexa[16:20]}-{hexa[20:32]}"
 
 
 def _time(offset_s: float) -> str:
@@ -110,7 +95,7 @@ def _images(rng: random.Random, count: int = 40) -> list[dict[str, Any]]:
         tag = f"v{rng.randint(0, 3)}.{rng.randint(0, 40)}.{rng.randint(0, 9)}-ubuntu22.04"
         images.append(
             {
-                "names": [f"{name}@sha256:{_digest(name, tag)}", f"{name}:{tag}"],
+                "names": [f"{name}@sha256:{synthetic.digest(name, tag)}", f"{name}:{tag}"],
                 "sizeBytes": rng.randint(300_000, 18_000_000_000),
             }
         )
@@ -118,33 +103,14 @@ def _images(rng: random.Random, count: int = 40) -> list[dict[str, Any]]:
     return images
 
 
-def _labels(index: int, zone: str, host: str) -> dict[str, str]:
+def _topology(index: int) -> dict[str, str]:
+    """EC2's network node layers: 16 nodes share a layer-3 switch, 64 a layer-2, 256 a
+    layer-1."""
+    spans = ((1, 256), (2, 64), (3, 16))
     return {
-        "beta.kubernetes.io/arch": "amd64",
-        "beta.kubernetes.io/instance-type": "p5.48xlarge",
-        "beta.kubernetes.io/os": "linux",
-        "failure-domain.beta.kubernetes.io/region": "us-west-2",
-        "failure-domain.beta.kubernetes.io/zone": zone,
-        "kubernetes.io/arch": "amd64",
-        "kubernetes.io/hostname": host,
-        "kubernetes.io/os": "linux",
-        "node.kubernetes.io/instance-type": "p5.48xlarge",
-        "topology.kubernetes.io/region": "us-west-2",
-        "topology.kubernetes.io/zone": zone,
-        "topology.k8s.aws/zone-id": f"usw2-az{index % 3 + 1}",
-        "topology.k8s.aws/network-node-layer-1": f"nn-{_digest('l1', index // 256)[:17]}",
-        "topology.k8s.aws/network-node-layer-2": f"nn-{_digest('l2', index // 64)[:17]}",
-        "topology.k8s.aws/network-node-layer-3": f"nn-{_digest('l3', index // 16)[:17]}",
-        "karpenter.sh/capacity-type": "reserved",
-        "karpenter.sh/initialized": "true",
-        "karpenter.sh/registered": "true",
-        "karpenter.sh/nodepool": f"pool-{index % POOLS:02d}",
-        "karpenter.k8s.aws/instance-gpu-count": "8",
-        "karpenter.k8s.aws/instance-gpu-name": "h100",
-        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-        "nvidia.com/gpu.count": "8",
-        "nvidia.com/cuda.driver.major": "550",
-        "feature.node.kubernetes.io/pci-10de.present": "true",
+        f"topology.k8s.aws/network-node-layer-{layer}": "nn-"
+        + synthetic.digest(f"l{layer}", index // span)[:17]
+        for layer, span in spans
     }
 
 
@@ -172,7 +138,7 @@ def _managed_fields(labels: dict[str, str]) -> list[dict[str, Any]]:
 
     status = [
         f"f:status|f:conditions|k:{{\"type\":\"{kind}\"}}|{field}"
-        for kind, *_ in KUBELET_CONDITIONS
+        for kind, *_ in synthetic.KUBELET_CONDITIONS
         for field in (".", "f:lastHeartbeatTime", "f:lastTransitionTime", "f:message",
                       "f:reason", "f:status", "f:type")
     ]  # fmt: skip
@@ -252,34 +218,17 @@ def node(index: int) -> dict[str, Any]:
     """One Node as a kubelet registers it, Karpenter owns it and the gpuguard agent reports."""
     rng = random.Random(index)
     name = f"gpu-{index:05d}"
-    zone = ("us-west-2a", "us-west-2b", "us-west-2c")[index % 3]
-    ip = f"10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255}"
-    host = f"ip-{ip.replace('.', '-')}.us-west-2.compute.internal"
-    labels = _labels(index, zone, host)
+    zone = synthetic.ZONES[index % len(synthetic.ZONES)]
+    ip, host = synthetic.ip_and_host(index)
+    labels = synthetic.labels(index, zone, host, _topology(index))
+    pool = labels[synthetic.POOL_LABEL]
     beat = _time(-rng.uniform(0, 60))
     layer = {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []}
     report = {"layers": dict.fromkeys(("gpu", "network", "kernel"), layer), "reportedAt": beat}
-    resources = {
-        "cpu": "192",
-        "memory": "2097152000Ki",
-        "pods": "737",
-        "ephemeral-storage": "30408000Ki",
-        "hugepages-1Gi": "0",
-        "hugepages-2Mi": "0",
-        "nvidia.com/gpu": "8",
-        "vpc.amazonaws.com/efa": "32",
-    }
-    conditions = [
-        {
-            "type": kind,
-            "status": status,
-            "lastHeartbeatTime": beat,
-            "lastTransitionTime": _time(-86400),
-            "reason": reason,
-            "message": message,
-        }
-        for kind, status, reason, message in (*KUBELET_CONDITIONS, *GPUGUARD_CONDITIONS)
-    ]
+    resources = synthetic.resources()
+    conditions = synthetic.conditions(
+        (*synthetic.KUBELET_CONDITIONS, *GPUGUARD_CONDITIONS), heartbeat=beat, since=_time(-86400)
+    )
     spec: dict[str, Any] = {
         "podCIDR": f"100.64.{index % 256}.0/24",
         "podCIDRs": [f"100.64.{index % 256}.0/24"],
@@ -290,7 +239,7 @@ def node(index: int) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
-            "uid": _uuid("uid", index),
+            "uid": synthetic.uuid("uid", index),
             "resourceVersion": str(1_000_000 + index * 7),
             "creationTimestamp": _time(-86400 * rng.randint(1, 90)),
             "labels": labels,
@@ -306,8 +255,8 @@ def node(index: int) -> dict[str, Any]:
                 {
                     "apiVersion": "karpenter.sh/v1",
                     "kind": "NodeClaim",
-                    "name": f"pool-{index % POOLS:02d}-{_digest('claim', index)[:5]}",
-                    "uid": _uuid("claim", index),
+                    "name": f"{pool}-{synthetic.digest('claim', index)[:5]}",
+                    "uid": synthetic.uuid("claim", index),
                     "blockOwnerDeletion": True,
                 }
             ],
@@ -316,18 +265,14 @@ def node(index: int) -> dict[str, Any]:
         "spec": spec,
         "status": {
             "capacity": resources,
-            "allocatable": {**resources, "cpu": "191450m", "memory": "2061234176Ki"},
+            "allocatable": synthetic.allocatable(resources),
             "conditions": conditions,
-            "addresses": [
-                {"type": "InternalIP", "address": ip},
-                {"type": "InternalDNS", "address": host},
-                {"type": "Hostname", "address": host},
-            ],
+            "addresses": synthetic.addresses(ip, host),
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
-                "machineID": _digest("machine", index)[:32],
-                "systemUUID": _uuid("system", index),
-                "bootID": _uuid("boot", index),
+                "machineID": synthetic.digest("machine", index)[:32],
+                "systemUUID": synthetic.uuid("system", index),
+                "bootID": synthetic.uuid("boot", index),
                 "kernelVersion": "5.10.223-212.873.amzn2.x86_64",
                 "osImage": "Amazon Linux 2",
                 "containerRuntimeVersion": "containerd://1.7.20",
