@@ -40,17 +40,22 @@ def test_the_slim_pod_keeps_what_the_drain_rules_read_and_nothing_else():
 
 def test_counts_follow_the_watch():
     cache = PodCache()
-    cache.take(Snapshot([slim_pod(p) for p in (pod("a", "n1"), pod("b", "n2"))], "1"))
+    listed = Snapshot([slim_pod(p) for p in (pod("a", "n1"), pod("b", "n2"))], "1")
+    assert cache.take(listed) == {"n1", "n2"}
     assert (cache.to_move("n1"), cache.on_gpus("n1", [GPU]), cache.to_move("n3")) == (1, 1, 0)
     daemon = pod("d", "n1", owner="DaemonSet")
-    assert cache.take(event("ADDED", daemon)) == "n1"
+    assert cache.take(event("ADDED", daemon)) == {"n1"}
     assert cache.to_move("n1") == 1  # a DaemonSet pod is never moved
     leaving = pod("a", "n1", deletionTimestamp="2026-12-01T00:00:00Z")
-    cache.take(event("MODIFIED", leaving))
-    assert cache.to_move("n1") == 1  # terminating still holds the GPU
-    assert cache.take(event("DELETED", leaving)) == "n1"
+    # Terminating still holds the GPU: no count changes, nothing to look at again.
+    assert cache.take(event("MODIFIED", leaving)) == set()
+    assert cache.to_move("n1") == 1
+    assert cache.take(event("DELETED", leaving)) == {"n1"}
     assert cache.to_move("n1") == cache.on_gpus("n1", [GPU]) == 0
     # A pod rescheduled elsewhere under the same uid leaves its old node.
-    assert cache.take(event("MODIFIED", pod("b", "n3"))) == "n3"
+    assert cache.take(event("MODIFIED", pod("b", "n3"))) == {"n2", "n3"}
     assert (cache.to_move("n2"), cache.to_move("n3")) == (0, 1)
-    assert cache.take(event("ADDED", pod("p", ""))) is None  # not scheduled yet
+    assert cache.take(event("ADDED", pod("p", ""))) == set()  # not scheduled yet
+    finished = pod("b", "n3")
+    finished["status"]["phase"] = "Succeeded"
+    assert cache.take(event("MODIFIED", finished)) == {"n3"} and cache.to_move("n3") == 0

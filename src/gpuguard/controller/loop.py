@@ -46,7 +46,7 @@ from gpuguard.metrics_server import LIVENESS_S
 from gpuguard.remediation.health import deferred_repair, named_gpus
 from gpuguard.remediation.model import DecisionKind, NodeObservation, Phase, Plan
 from gpuguard.remediation.policy import Policy
-from gpuguard.remediation.reconciler import Pass, Reconciler
+from gpuguard.remediation.reconciler import Pass, Reconciler, needs_attention
 
 log = logging.getLogger("gpuguard.controller")
 LEASE_NAME = "gpuguard-controller"
@@ -199,6 +199,7 @@ class Controller:
     def _take(self, item: Snapshot | WatchEvent) -> str:
         """Fold a watch item into the cache, projecting each changed Node once here so
         that a reconcile never walks the whole fleet."""
+        relevant = True  # a list, a Node added or gone (the population changes)
         with self._lock:
             if isinstance(item, Snapshot):
                 self._nodes, self._observed = {}, {}
@@ -212,12 +213,13 @@ class Controller:
                     self._drop(name)
                     self.slis.node_gone(name)
                 else:
-                    self._put(item.object)
+                    relevant = self._put(item.object)
                     self.slis.node_seen(item.object)
             version = item.resource_version
         self._listed.add("nodes")
         self.metrics.ready.set()
-        self._wake.set()
+        if relevant:
+            self._wake.set()
         return version
 
     def _take_answers(self, item: Snapshot | WatchEvent) -> str:
@@ -240,10 +242,12 @@ class Controller:
         return item.resource_version
 
     def _take_pods(self, item: Snapshot | WatchEvent) -> str:
-        node = self.pods.take(item)
+        changed = self.pods.take(item)
         self._listed.add("pods")
         reconciler = self.reconciler
-        if node is None or node in reconciler.episodes or node in reconciler.attention:
+        if isinstance(item, Snapshot) or any(
+            node in reconciler.episodes or node in reconciler.attention for node in changed
+        ):
             self._wake.set()  # a drain or a deferred repair may have moved on
         return item.resource_version
 
@@ -256,12 +260,22 @@ class Controller:
             self.slis.job_seen(item.object)
         return item.resource_version
 
-    def _put(self, node: Json) -> None:
+    def _put(self, node: Json) -> bool:
+        """Cache one Node; True when the change can matter to a decision (a healthy
+        node's heartbeat, 5,000 of them every few minutes, does not)."""
         name = node["metadata"]["name"]
+        old = self._observed.get(name)
         self._drop(name)
         observed = project_node(node, self.policy.pool_label, self.policy.correlation.domain_label)
         self._nodes[name], self._observed[name] = node, observed
         self.reconciler.track(name, observed)
+        return (
+            old is None
+            or old.pool != observed.pool
+            or name in self.reconciler.episodes
+            or needs_attention(old)
+            or needs_attention(observed)
+        )
 
     def _drop(self, name: str) -> None:
         self._nodes.pop(name, None)

@@ -54,27 +54,39 @@ def _resources(containers: object) -> list[Json]:
     return [{"resources": c.get("resources") or {}} for c in containers if isinstance(c, dict)]
 
 
+def _counted_as(pod: Json) -> tuple[bool, bool, str | None]:
+    """What the counts read of a pod: whether a drain moves it, whether it asks for GPUs,
+    and the GPUs it names."""
+    annotations = pod["metadata"]["annotations"]
+    return drain.is_movable(pod), drain.requests_gpus(pod), annotations.get(GPU_IDS_ANNOTATION)
+
+
 class PodCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_node: dict[str, dict[str, Json]] = defaultdict(dict)  # node -> uid -> pod
         self._node_of: dict[str, str] = {}  # uid -> node
 
-    def take(self, item: Snapshot | WatchEvent) -> str | None:
-        """Fold a watch item in; returns the node it concerns (None for a snapshot or an
-        unscheduled pod)."""
+    def take(self, item: Snapshot | WatchEvent) -> set[str]:
+        """Fold a watch item in; returns the nodes whose counts it may have changed (a
+        pod arriving, leaving, finishing, or changing the GPUs it names). A snapshot
+        changes every count: the caller looks at everything again anyway."""
         with self._lock:
             if isinstance(item, Snapshot):
                 self._by_node.clear()
                 self._node_of.clear()
                 for pod in item.items:
                     self._put(pod)
-                return None
+                return set(self._by_node)
             uid = item.object["metadata"]["uid"]
-            before = self._drop(uid)
-            if item.type != "DELETED":
-                return self._put(item.object) or before
-            return before
+            node = self._node_of.get(uid)
+            before = _counted_as(self._by_node[node][uid]) if node is not None else None
+            self._drop(uid)
+            after_node = self._put(item.object) if item.type != "DELETED" else None
+            after = _counted_as(item.object) if after_node is not None else None
+            if (node, before) == (after_node, after):
+                return set()  # a status update, a label: nothing a count reads
+            return {n for n in (node, after_node) if n is not None}
 
     def to_move(self, node: str, gpus: Collection[str] = ()) -> int:
         """The pods a drain of ``node`` (of ``gpus``, if named) still has to move."""

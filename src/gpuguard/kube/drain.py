@@ -117,14 +117,14 @@ def evictable_pods(pods: Iterable[Json], gpus: Collection[str] = ()) -> list[Jso
     return [
         pod
         for pod in pods
-        if _movable(pod) and not is_terminating(pod) and (not gpus or is_on_gpus(pod, gpus))
+        if is_movable(pod) and not is_terminating(pod) and (not gpus or is_on_gpus(pod, gpus))
     ]
 
 
 def pods_still_to_move(pods: Iterable[Json], gpus: Collection[str] = ()) -> list[Json]:
     """Like :func:`evictable_pods`, plus those already terminating: their containers may
     still hold the GPU, so the drain is not finished until they are gone."""
-    return [pod for pod in pods if _movable(pod) and (not gpus or is_on_gpus(pod, gpus))]
+    return [pod for pod in pods if is_movable(pod) and (not gpus or is_on_gpus(pod, gpus))]
 
 
 def evictable_count(api: KubeApi, node: str, gpus: Collection[str] = ()) -> int:
@@ -141,7 +141,7 @@ def gpu_pods_running(api: KubeApi, node: str, gpus: Collection[str] = ()) -> int
 
 def gpu_pods_on(pods: Iterable[Json], gpus: Collection[str] = ()) -> int:
     """Of ``pods``, those that may use ``gpus`` (see :func:`gpu_pods_running`)."""
-    return sum(1 for pod in pods if _movable(pod) and is_on_gpus(pod, gpus))
+    return sum(1 for pod in pods if is_movable(pod) and is_on_gpus(pod, gpus))
 
 
 def evict(api: KubeApi, pod: Json, *, grace_period_s: int | None = None) -> EvictionOutcome:
@@ -240,7 +240,8 @@ def kill_pods(
     return DrainCounts(evicted=deleted, failed=failed, problems=tuple(problems))
 
 
-def _movable(pod: Json) -> bool:
+def is_movable(pod: Json) -> bool:
+    """Not a DaemonSet's or a mirror pod, and not finished: a drain has to move it."""
     return not (is_daemonset_pod(pod) or is_mirror_pod(pod) or is_finished(pod))
 
 
