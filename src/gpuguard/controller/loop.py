@@ -54,6 +54,7 @@ RETRY_S = 2.0
 KEEP_CLOSED_S = 30 * 86400.0  # closed episodes are the audit trail: a month by default
 COLLECT_EVERY_S = 3600.0
 RESYNC_S = 300.0  # a pass at least this often, whatever the deadline says
+POD_SETTLE_S = 1.0  # pod changes are looked at this long after the first (one pass)
 BEAT_S = LIVENESS_S / 4  # the loop shows it is alive this often, even with nothing to do
 
 
@@ -101,6 +102,8 @@ class Controller:
         self._observed: dict[str, NodeObservation] = {}
         self._lock = threading.Lock()  # the Node cache and the reconciler's node tracking
         self._wake = threading.Event()
+        self._urgent = False  # something woke the loop that wants a pass at once
+        self._pods_due = math.inf  # when pod changes seen since the last pass are looked at
         self._listed: set[str] = set()  # the watches that have delivered their first list
         self.leading = threading.Event()
         self.deadline = math.inf  # the last pass's: when it must run again at the latest
@@ -129,8 +132,11 @@ class Controller:
         threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
         while not stop.is_set():
             self.metrics.alive()
-            self._wake.wait(self._wait_s())
+            woke = self._wake.wait(self._wait_s())
             self._wake.clear()
+            if woke and not self._urgent and self.clock.now() < self._pods_due:
+                continue  # pod changes only, not yet due: wait for more of them
+            self._urgent, self._pods_due = False, math.inf
             if stop.is_set() or not self.leading.is_set() or not self.synced:
                 continue
             try:
@@ -145,7 +151,19 @@ class Controller:
     def wake(self) -> None:
         """Run a pass now rather than at the deadline (something changed that no watch
         sees)."""
+        self._wake_now()
+
+    def _wake_now(self) -> None:
+        self._urgent = True
         self._wake.set()
+
+    def _wake_soon(self) -> None:
+        """Pods leave a draining node one by one: their changes are gathered for
+        ``POD_SETTLE_S`` into one pass rather than a pass (and a round of re-sent
+        evictions) each."""
+        if self._pods_due == math.inf:
+            self._pods_due = self.clock.now() + POD_SETTLE_S
+            self._wake.set()
 
     @property
     def synced(self) -> bool:
@@ -154,13 +172,13 @@ class Controller:
 
     def _wait_s(self) -> float:
         """Until the deadline (the liveness beat and ``resync_s`` bound it)."""
-        left = self.deadline - self.clock.now()
+        left = min(self.deadline, self._pods_due) - self.clock.now()
         return max(0.0, min(left, self.resync_s, BEAT_S))
 
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
         self.api.end_watches(stop)
-        self._wake.set()
+        self._wake_now()
 
     def _lead(self) -> None:
         log.info("%s leads", self.identity)
@@ -168,7 +186,7 @@ class Controller:
         self.metrics.leader.set(1)
         self.slis.leading = True
         self.leading.set()
-        self._wake.set()
+        self._wake_now()
 
     def _step_down(self) -> None:
         log.info("%s no longer leads", self.identity)
@@ -219,7 +237,7 @@ class Controller:
         self._listed.add("nodes")
         self.metrics.ready.set()
         if relevant:
-            self._wake.set()
+            self._wake_now()
         return version
 
     def _take_answers(self, item: Snapshot | WatchEvent) -> str:
@@ -238,7 +256,7 @@ class Controller:
                 news |= self.reconciler.take_result(answer.node, answer.opened_at, answer.result)
         self._listed.add("answers")
         if news:  # not for the controller's own writes of the episode
-            self._wake.set()
+            self._wake_now()
         return item.resource_version
 
     def _take_pods(self, item: Snapshot | WatchEvent) -> str:
@@ -248,7 +266,7 @@ class Controller:
         if isinstance(item, Snapshot) or any(
             node in reconciler.episodes or node in reconciler.attention for node in changed
         ):
-            self._wake.set()  # a drain or a deferred repair may have moved on
+            self._wake_soon()  # a drain or a deferred repair may have moved on
         return item.resource_version
 
     def _take_jobs(self, item: Snapshot | WatchEvent) -> str:
