@@ -155,16 +155,31 @@ def decode_report(text: str, obj: str) -> tuple[ReportDocument, VerifyAnswer | N
     """
     where = f"metadata.annotations[{REPORT_ANNOTATION}]"
     try:
-        raw = msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
-        raise ContractError(obj, where, f"not JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ContractError(obj, where, f"expected an object, got {type(raw).__name__}")
-    answer = read_answer(raw.pop("verify", None))
-    try:
-        return msgspec.convert(raw, ReportDocument), answer
+        read = _READER.decode(text)
     except msgspec.ValidationError as exc:
         raise ContractError(obj, where + _path(exc), str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise ContractError(obj, where, f"not JSON: {exc}") from exc
+    document = ReportDocument(read.reported_at, read.layers, read.deep)
+    if not read.verify:
+        return document, None
+    try:
+        answer = read_answer(msgspec.json.decode(read.verify))
+    except msgspec.DecodeError:
+        answer = None
+    return document, answer
+
+
+class _Read(msgspec.Struct, frozen=True, rename="camel"):
+    """The document as read: the verify entry is judged on its own (``read_answer``)."""
+
+    reported_at: str | None = None
+    layers: dict[str, LayerEntry] = {}
+    deep: DeepEntry | None = None
+    verify: msgspec.Raw = msgspec.Raw()
+
+
+_READER = msgspec.json.Decoder(_Read)
 
 
 def reported_at(document: ReportDocument | None) -> float | None:
