@@ -33,6 +33,22 @@ def uuid(*parts: object, prefix: str = "") -> str:
     return f"{hexa[:8]}-{hexa[8:12]}-{hexa[12:16]}-{hexa[16:20]}-{hexa[20:]}"
 
 
+def node_info(index: int, *, uuid_prefix: str = "") -> dict[str, str]:
+    """An EKS node's ``status.nodeInfo`` (the system UUID optionally EC2-style)."""
+    return {
+        "machineID": digest("machine", index)[:32],
+        "systemUUID": uuid("system", index, prefix=uuid_prefix),
+        "bootID": uuid("boot", index),
+        "kernelVersion": "5.10.223-212.873.amzn2.x86_64",
+        "osImage": "Amazon Linux 2",
+        "containerRuntimeVersion": "containerd://1.7.20",
+        "kubeletVersion": "v1.30.2-eks-1552ad0",
+        "kubeProxyVersion": "v1.30.2-eks-1552ad0",
+        "operatingSystem": "linux",
+        "architecture": "amd64",
+    }
+
+
 def ip_and_host(index: int) -> tuple[str, str]:
     """The node's private IP (from its index) and the EC2 host name made of it."""
     ip = f"10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255}"
