@@ -189,3 +189,27 @@ def test_agent_without_node_name_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert main(["agent", "--bundle", str(EXAMPLES / "healthy-h100")]) == EXIT_USAGE
     assert "--node-name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["controller"],
+        ["agent", "--node-name", "gpu-1", "--bundle", str(EXAMPLES / "healthy-h100")],
+    ],
+    ids=["controller", "agent"],
+)
+def test_unusable_credentials_are_a_usage_error_naming_the_file(tmp_path, command):
+    kubeconfig = tmp_path / "kubeconfig"
+    # Clusters, users and contexts, but none of them current.
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuguard.cli", *command, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [text for text in done.stderr.splitlines() if "credentials" in text]
+    assert str(kubeconfig) in line and "context" in line

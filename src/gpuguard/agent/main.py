@@ -54,9 +54,9 @@ def run_agent(args: argparse.Namespace) -> int:
     # Imported here: the Kubernetes client costs start-up time the other commands skip.
     from gpuguard.agent.repair import BundleRepair, NvidiaSmiRepair, RepairBackend
     from gpuguard.kube.client import NodeApi
-    from gpuguard.kube.rest import load_api
+    from gpuguard.kube.rest import load_api_for_command
 
-    kube = load_api(args.kubeconfig)
+    kube = load_api_for_command(args.kubeconfig)
     api = NodeApi(kube)
     metrics = AgentMetrics()
     if config.metrics_port:

@@ -11,7 +11,7 @@ import threading
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.providers import provider_for
-from gpuguard.kube.rest import load_api
+from gpuguard.kube.rest import load_api_for_command
 from gpuguard.metrics_server import serve
 from gpuguard.remediation.policy import Policy, load_policy
 
@@ -24,7 +24,7 @@ def run_controller(args: argparse.Namespace) -> int:
     )
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     policy = Policy() if args.policy is None else load_policy(args.policy)
-    api = load_api(args.kubeconfig)
+    api = load_api_for_command(args.kubeconfig)
     metrics = ControllerMetrics()
     if args.metrics_port:
         serve(metrics, args.metrics_port)

@@ -29,6 +29,7 @@ from lightkube import KubeConfig
 from lightkube.config.client_adapter import Client as http_client_for
 from lightkube.config.client_adapter import ConnectionParams
 
+from gpuguard.errors import ConfigError
 from gpuguard.kube.api_errors import (
     KubeConflict,
     KubeExpired,
@@ -123,6 +124,16 @@ class WatchEvent:
         return str(self.object.get("metadata", {}).get("resourceVersion", ""))
 
 
+def load_api_for_command(kubeconfig: Path | None) -> KubeApi:
+    """``load_api`` for a command line: credentials that cannot be loaded are a usage
+    error naming where they were looked for, not a traceback."""
+    try:
+        return load_api(kubeconfig)
+    except KubeRejected as exc:
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the pod's service account"
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 def load_api(
     kubeconfig: Path | None,
     *,
@@ -142,7 +153,8 @@ def load_api(
             raise ValueError("the kubeconfig has no current context")
         http = http_client_for(single, ConnectionParams(timeout=httpx2.Timeout(timeout_s)))
     except Exception as exc:  # lightkube raises several types for a bad or absent config
-        raise KubeRejected(f"cannot load Kubernetes credentials: {exc}") from None
+        detail = f"no {exc} in it" if isinstance(exc, KeyError) else str(exc)
+        raise KubeRejected(f"cannot load Kubernetes credentials: {detail}") from None
     return KubeApi(http)
 
 
