@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuguard.errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 10.0
 DEEP_CHECK_PREFIX = "deep-"
+# The checks settings may name (checks/registry.py lists the same; a test holds them equal),
+# besides the deep checks, which all start with DEEP_CHECK_PREFIX.
+CHECK_NAMES = ("kernel-log", "dcgm", "nvml", "nvidia-smi", "dcgm-exporter", "network")
 # A deep check's timeout beyond its budget: importing PyTorch and starting CUDA on every GPU.
 DEEP_TIMEOUT_MARGIN_S = 30.0
 
@@ -216,6 +219,19 @@ class Config(BaseModel):
     reboot_command: list[str] | None = Field(
         default=None, description="How the agent reboots its node when the controller asks"
     )
+
+    @field_validator("timeouts", "check_intervals", mode="after")
+    @classmethod
+    def _known_checks(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(
+            name
+            for name in value
+            if name not in CHECK_NAMES and not name.startswith(DEEP_CHECK_PREFIX)
+        )
+        if unknown:
+            known = ", ".join(CHECK_NAMES)
+            raise ValueError(f"unknown check {', '.join(unknown)} (checks: {known}, deep-*)")
+        return value
 
     @property
     def expectations(self) -> Expectations:

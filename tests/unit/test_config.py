@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.config import Config, load_config
+from gpuguard.checks.registry import default_checks
+from gpuguard.config import CHECK_NAMES, Config, build_config, load_config
 from gpuguard.errors import ConfigError
 
 
@@ -31,6 +32,8 @@ def test_yaml_file_sets_expectations_and_timeouts(tmp_path):
         ("expected_gpus: eight\n", "expected_gpus"),
         ("expected_gpus: -1\n", "expected_gpus"),
         ("timeouts:\n  dcgm: 0\n", "timeouts.dcgm"),
+        ("timeouts:\n  nvidia_smi: 5\n", "timeouts: unknown check nvidia_smi"),
+        ("check_intervals:\n  dcmg: 300\n", "check_intervals: unknown check dcmg"),
         ("- just\n- a list\n", "expected a mapping"),
         ("expected_gpus: [\n", "not valid YAML"),
     ],
@@ -54,3 +57,9 @@ def test_command_line_overrides_win_and_are_validated():
     assert config.expected_gpus == 8
     with pytest.raises(ConfigError, match="command line: invalid configuration: expected_gpus"):
         Config().with_overrides(expected_gpus=-3)
+
+
+def test_the_checks_settings_may_name_are_the_registered_checks():
+    assert sorted(CHECK_NAMES) == sorted(check.name for check in default_checks())
+    deep = build_config({"timeouts": {"deep-gpu": 900}}, origin="test")
+    assert deep.timeout_for("deep-gpu") == 900

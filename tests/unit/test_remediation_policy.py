@@ -86,6 +86,7 @@ def test_empty_file_gives_the_defaults(tmp_path):
         ("max_attempts:\n  REBOOOT: 1\n", "max_attempts: unknown rung REBOOOT"),
         ("max_attempts:\n  REBOOT: -1\n", "max_attempts.REBOOT"),
         ("on_drain_timeout: panic\n", "on_drain_timeout"),
+        ("pool_label: ''\n", "pool_label"),
         ("budget:\n  max_unavailable_percent: 120\n", "budget.max_unavailable_percent"),
         ("breaker:\n  close_percent: 50\n", "breaker: close_percent must not exceed"),
         ("- a\n- list\n", "expected a mapping"),

@@ -163,7 +163,9 @@ class Policy(_Strict):
     """Everything ``decide`` is told besides the fleet's state and the time."""
 
     pool_label: str = Field(
-        default="karpenter.sh/nodepool", description="Node label whose value names the pool"
+        default="karpenter.sh/nodepool",
+        min_length=1,
+        description="Node label whose value names the pool",
     )
     unknown_grace_s: Seconds = Field(
         default=300, description="Unknown counts as unhealthy after this long (NHC: 300 s)"
