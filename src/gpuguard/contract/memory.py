@@ -13,7 +13,7 @@ from gpuguard.contract.keys import MEMORY_ANNOTATION
 from gpuguard.model import Action, Component, Finding, Layer, Severity
 
 
-class RememberedFinding(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+class RememberedFinding(msgspec.Struct, frozen=True, rename="camel"):
     layer: Layer
     code: str
     severity: str  # model.Severity, lower case
@@ -24,8 +24,8 @@ class RememberedFinding(msgspec.Struct, frozen=True, rename="camel", omit_defaul
     source: str
     message: str
     evidence: str
-    component_uuid: str | None = None
-    deferred: bool = False
+    component_uuid: str | None = None  # written as null when unknown
+    deferred: bool | msgspec.UnsetType = msgspec.UNSET  # written only when it is
 
 
 class KernelMemory(msgspec.Struct, frozen=True, rename="camel"):
@@ -47,15 +47,11 @@ def encode_memory(boot_id: str, findings: Iterable[Finding]) -> str:
             source=f.source,
             message=f.message,
             evidence=f.evidence,
-            deferred=f.deferred,
+            deferred=True if f.deferred else msgspec.UNSET,
         )
         for f in findings
     ]
-    # The uuid is written even when null, as it always was.
-    document = msgspec.to_builtins(KernelMemory(boot_id, remembered))
-    for entry, finding in zip(document["findings"], remembered, strict=True):
-        entry["componentUuid"] = finding.component_uuid
-    return msgspec.json.encode(document, order="sorted").decode()
+    return msgspec.json.encode(KernelMemory(boot_id, remembered), order="sorted").decode()
 
 
 def decode_memory(text: str, obj: str, source: str) -> tuple[str, list[Finding]]:
@@ -81,5 +77,5 @@ def _finding(item: RememberedFinding, source: str) -> Finding:
         source=source,
         message=item.message,
         evidence=item.evidence,
-        deferred=item.deferred,
+        deferred=item.deferred is True,
     )

@@ -46,7 +46,7 @@ from gpuguard.metrics_server import LIVENESS_S
 from gpuguard.remediation.health import deferred_repair, named_gpus
 from gpuguard.remediation.model import DecisionKind, NodeObservation, Phase, Plan
 from gpuguard.remediation.policy import Policy
-from gpuguard.remediation.reconciler import Pass, Reconciler, needs_attention
+from gpuguard.remediation.reconciler import Pass, Reconciler
 
 log = logging.getLogger("gpuguard.controller")
 LEASE_NAME = "gpuguard-controller"
@@ -283,16 +283,12 @@ class Controller:
         node's heartbeat, 5,000 of them every few minutes, does not)."""
         name = node["metadata"]["name"]
         old = self._observed.get(name)
-        self._drop(name)
+        attended = name in self.reconciler.attention  # the old projection needed attention
         observed = project_node(node, self.policy.pool_label, self.policy.correlation.domain_label)
         self._nodes[name], self._observed[name] = node, observed
-        self.reconciler.track(name, observed)
+        attended |= self.reconciler.track(name, observed)  # replaces the old one's pool
         return (
-            old is None
-            or old.pool != observed.pool
-            or name in self.reconciler.episodes
-            or needs_attention(old)
-            or needs_attention(observed)
+            attended or old is None or old.pool != observed.pool or name in self.reconciler.episodes
         )
 
     def _drop(self, name: str) -> None:

@@ -132,15 +132,10 @@ def evictable_count(api: KubeApi, node: str, gpus: Collection[str] = ()) -> int:
     return len(pods_still_to_move(pods_on_node(api, node), gpus))
 
 
-def gpu_pods_running(api: KubeApi, node: str, gpus: Collection[str] = ()) -> int:
-    """The policy's ``pods_on_gpus``: pods on ``node`` that may use ``gpus`` (every pod
+def gpu_pods_on(pods: Iterable[Json], gpus: Collection[str] = ()) -> int:
+    """The policy's ``pods_on_gpus``: of ``pods``, those that may use ``gpus`` (every pod
     requesting a GPU when none is named), terminating ones included: a deferred repair
     waits for them to end."""
-    return gpu_pods_on(pods_on_node(api, node), gpus)
-
-
-def gpu_pods_on(pods: Iterable[Json], gpus: Collection[str] = ()) -> int:
-    """Of ``pods``, those that may use ``gpus`` (see :func:`gpu_pods_running`)."""
     return sum(1 for pod in pods if is_movable(pod) and is_on_gpus(pod, gpus))
 
 

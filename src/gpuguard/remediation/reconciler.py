@@ -88,23 +88,25 @@ class Reconciler:
         self.breaker = breaker
         self.stale = False
 
-    def track(self, name: str, observed: NodeObservation | None) -> None:
+    def track(self, name: str, observed: NodeObservation | None) -> bool:
         """A node's latest projection (``None``: the Node is gone), for the attention set
-        and the population that sizes budgets and the breaker."""
+        and the population that sizes budgets and the breaker; True when it needs
+        attention."""
         old = self._pools.pop(name, None)
         if old is not None:
             self.population[old] -= 1
         if observed is not None:
             self._pools[name] = observed.pool
             self.population[observed.pool] += 1
-        self.attend(name, observed)
+        return self.attend(name, observed)
 
-    def attend(self, name: str, observed: NodeObservation | None) -> None:
+    def attend(self, name: str, observed: NodeObservation | None) -> bool:
         """Keep ``name`` in the attention set while its projection needs a decision."""
         if observed is not None and needs_attention(observed):
             self.attention.add(name)
-        else:
-            self.attention.discard(name)
+            return True
+        self.attention.discard(name)
+        return False
 
     def forget_nodes(self) -> None:
         """Every node is about to be tracked again (a fresh list of the fleet)."""
