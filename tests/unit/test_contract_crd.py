@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from gpuguard.contract import crd
+from gpuguard.contract.times import TIME_PATTERN
 
 CHART_CRD = Path(__file__).parents[2] / "deploy/helm/gpuguard/crds/noderemediations.yaml"
 
@@ -22,3 +25,26 @@ def test_the_schema_is_structural():
     for forbidden in ('"$ref"', '"anyOf"', '"null"', '"default"', '"title"'):
         assert forbidden not in text
     assert yaml.safe_load(crd.crd_yaml()) == crd.crd()
+
+
+def schemas(node: dict[str, Any], at: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema in the CRD's, with its path."""
+    yield at, node
+    for name, field in (node.get("properties") or {}).items():
+        yield from schemas(field, f"{at}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from schemas(node[key], f"{at}[]")
+
+
+def status_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_every_time_has_the_parsers_pattern():
+    # tests/kube/test_contract_times.py checks that pattern + date-time = parse_time.
+    times = [(at, s) for at, s in schemas(status_schema()) if s.get("format") == "date-time"]
+    assert len(times) == 7, [at for at, _ in times]
+    for at, schema in times:
+        assert schema["pattern"] == TIME_PATTERN, at

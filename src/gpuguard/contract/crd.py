@@ -33,7 +33,10 @@ _DROPPED = ("title", "default")
 _ORDER = (
     "type",
     "format",
+    "pattern",
     "minimum",
+    "maxLength",
+    "maxItems",
     "description",
     "enum",
     "required",

@@ -21,7 +21,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from gpuguard.contract.errors import ContractError
-from gpuguard.contract.times import format_time, parse_time
+from gpuguard.contract.times import TIME_PATTERN, format_time, parse_time
 
 
 class Wire(BaseModel):
@@ -37,12 +37,13 @@ def _seconds(value: object) -> object:
 
 
 # Float seconds since the epoch in code, an RFC 3339 string on the wire, exactly the same
-# float after a round trip (contract.times).
+# float after a round trip (contract.times). The schema's pattern and format together let
+# in exactly what parse_time reads.
 Time = Annotated[
     float,
     BeforeValidator(_seconds),
     PlainSerializer(format_time, return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "format": "date-time"}),
+    WithJsonSchema({"type": "string", "format": "date-time", "pattern": TIME_PATTERN}),
 ]
 
 Model = TypeVar("Model", bound=BaseModel)
