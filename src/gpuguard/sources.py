@@ -7,16 +7,11 @@ bundle of real captured outputs, or put fake tools first on ``PATH``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
@@ -24,7 +19,10 @@ from typing import Protocol
 from gpuguard.config import Config
 from gpuguard.errors import CheckFailed, CheckTimedOut, ParseError, ToolMissing
 
-MAX_OUTPUT_BYTES = 64 * 1024 * 1024
+# Re-exported: checks and tests know them as gpuguard.sources' own.
+from gpuguard.tool_process import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
+from gpuguard.tool_process import ToolOutput as ToolOutput
+from gpuguard.tool_process import run_tool as run_tool
 
 
 class Artifact(StrEnum):
@@ -37,15 +35,6 @@ class Artifact(StrEnum):
     DCGMI_DIAG = "dcgmi-diag.json"
     DCGM_METRICS = "dcgm-metrics.prom"
     IBSTAT = "ibstat.txt"
-
-
-@dataclass(frozen=True)
-class ToolOutput:
-    """A tool's standard output and exit status (or a bundle file, exit status 0)."""
-
-    text: str
-    exit_code: int
-    origin: str
 
 
 class Sources(Protocol):
@@ -68,60 +57,6 @@ class Sources(Protocol):
     def boot_id(self) -> str:
         """Identifies the current boot: kernel-log findings hold until it changes."""
         ...
-
-
-def run_tool(argv: list[str], timeout_s: float) -> ToolOutput:
-    """Run a diagnostic with a hard timeout; never blocks past it.
-
-    The tool runs in its own process group, which is killed on timeout. A process stuck
-    in the kernel (a GPU driver call can be) may survive SIGKILL; it is then reaped by a
-    background thread and this function returns anyway.
-    """
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    except FileNotFoundError:
-        raise ToolMissing(f"{argv[0]}: not found") from None
-    except PermissionError:
-        raise CheckFailed(f"{argv[0]}: not executable") from None
-    except OSError as exc:
-        raise CheckFailed(f"{argv[0]}: cannot start: {exc.strerror}") from None
-    holder: dict[str, tuple[bytes, bytes]] = {}
-    reader = threading.Thread(
-        target=lambda: holder.setdefault("out", proc.communicate()), daemon=True
-    )
-    reader.start()
-    reader.join(timeout_s)
-    if reader.is_alive():
-        _kill_group(proc)
-        reader.join(0.2)
-        command = " ".join(argv)
-        raise CheckTimedOut(f"{command}: no result after {timeout_s:g}s, killed")
-    stdout, stderr = holder["out"]
-    text = stdout[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace")
-    if proc.returncode < 0:
-        name = _signal_name(-proc.returncode)
-        detail = stderr.decode("utf-8", errors="replace").strip()[-300:]
-        raise CheckFailed(f"{argv[0]}: killed by {name}" + (f": {detail}" if detail else ""))
-    return ToolOutput(text, proc.returncode, " ".join(argv))
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    threading.Thread(target=proc.wait, daemon=True).start()
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 class LiveSources:
@@ -183,11 +118,13 @@ class LiveSources:
             raise ToolMissing("dcgm-exporter: no URL configured (dcgm_exporter_url)")
         try:
             with urllib.request.urlopen(url, timeout=timeout_s) as response:
-                body: bytes = response.read(MAX_OUTPUT_BYTES)
+                body: bytes = response.read(MAX_OUTPUT_BYTES + 1)
         except TimeoutError:
             raise CheckTimedOut(f"{url}: no answer after {timeout_s:g}s") from None
         except (urllib.error.URLError, OSError) as exc:
             raise CheckFailed(f"{url}: {exc}") from None
+        if len(body) > MAX_OUTPUT_BYTES:
+            raise CheckFailed(f"{url}: answer too large (over {MAX_OUTPUT_BYTES // 2**20} MiB)")
         return ToolOutput(body.decode("utf-8", errors="replace"), 0, url)
 
     def _kernel_log(self, timeout_s: float) -> ToolOutput:
