@@ -154,14 +154,13 @@ def test_closed_episodes_past_retention_are_deleted_and_nothing_else(api):
 
 def test_the_controller_keeps_at_least_the_history_its_policy_reads(api):
     from gpuguard.controller.loop import Controller
-    from gpuguard.controller.providers import provider_for
     from gpuguard.remediation.policy import Policy
 
     policy = Policy()
     controller = Controller(
         api,
         policy,
-        provider_for("delete-node", api),
+        "delete-node",
         namespace="default",
         identity="test",
         keep_closed_s=60,
@@ -275,3 +274,37 @@ def test_long_node_names_still_give_valid_object_names():
     assert len(name) <= 253
     assert name.endswith(f"-{int(T0)}")
     assert name != remediations.object_name(node[:-1] + "m", T0)  # differ past the cut
+
+
+def test_a_huge_answer_is_cut_and_the_episode_stays_writable(api):
+    # chaos_findings F11: a 1 MB message, copied by the controller into a step,
+    # lastMessage and result, made every later save of the episode fail.
+    ep = Episode(node=node_name(), opened_at=T0, phase=Phase.ACTING, rung=Action.RESET_GPU)
+    ep.attempts = {Action.RESET_GPU: 1}
+    remediations.save_episode(api, ep)
+    name = remediations.object_name(ep.node, ep.opened_at)
+    assert remediations.set_request(api, ep, Action.RESET_GPU, 1, ("0000:91:00.0",), T0 + 1)
+    huge = "nvidia-smi: " + "x" * 1_000_000
+    remediations.report_result(api, name, ActionResult(1, Action.RESET_GPU, False, T0 + 2, huge))
+
+    answer = remediations.read_result(api, ep)
+    assert answer is not None and not answer.succeeded
+    assert answer.message.startswith("nvidia-smi: x") and len(answer.message) <= 1024
+    # What the controller does with it (Lifecycle: "<label> failed: <message>").
+    ep.action_result = answer
+    ep.steps.append(Step(T0 + 3, Phase.ACTING, f"RESET_GPU attempt 1 failed: {huge}"))
+    remediations.save_episode(api, ep)
+    status = stored(api, ep)["status"]
+    assert len(status["lastMessage"]) <= 1024
+    assert status["lastMessage"].startswith("RESET_GPU attempt 1 failed: nvidia-smi: x")
+    assert status["steps"][-1]["message"] == status["lastMessage"]
+
+
+def test_an_over_long_message_written_before_the_limits_is_cut_when_read():
+    obj = remediations.episode_to_object(full_episode("gpu-old-object"))
+    obj["status"]["steps"][0]["message"] = "m" * 100_000
+    obj["status"]["lastMessage"] = "m" * 100_000
+    obj["status"]["result"]["message"] = "r" * 100_000
+    ep = remediations.episode_from_object(obj)
+    assert ep.steps[0].message.startswith("mmm") and len(ep.steps[0].message) <= 1024
+    assert ep.action_result is not None and len(ep.action_result.message) <= 1024

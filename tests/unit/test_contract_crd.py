@@ -48,3 +48,20 @@ def test_every_time_has_the_parsers_pattern():
     assert len(times) == 7, [at for at, _ in times]
     for at, schema in times:
         assert schema["pattern"] == TIME_PATTERN, at
+
+
+def test_what_gpuguard_copies_is_bounded():
+    # chaos_findings F11: a 1 MB answer copied three times made its episode unwritable.
+    fields = dict(schemas(status_schema()))
+    for at in (".status.result.message", ".status.lastMessage", ".status.steps[].message"):
+        assert fields[at]["maxLength"] == 1024, at
+    assert fields[".status.steps"]["maxItems"] == 200
+    free = {
+        at
+        for at, s in fields.items()
+        if at.startswith((".spec", ".status")) and s.get("type") == "string"
+        if "enum" not in s and "format" not in s and "maxLength" not in s
+    }
+    assert free <= {".status.steps[].phase"}  # read as a Phase, never copied as text
+    unbounded = [at for at, s in fields.items() if s.get("type") == "array" and "maxItems" not in s]
+    assert unbounded == []

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, WithJsonSchema
 
 from gpuguard.contract.keys import GROUP
-from gpuguard.contract.wire import Time, Wire, read
+from gpuguard.contract.wire import Time, Wire, cut_to, read
 from gpuguard.model import Action
 
 VERSION = "v1alpha1"
@@ -67,12 +67,33 @@ Rung = Annotated[
 ]
 Count = Annotated[int, Field(ge=0)]
 
+# Bounds on what the API server takes, so that nothing gpuguard copies from one field into
+# others can make an object too big to write (chaos_findings F11: a 1 MB answer, copied
+# into a step, lastMessage and result, went over the API's request limit for good).
+# 1024 characters is an Event note's limit, where the same messages go too; 200 steps of
+# it keep an object near 250 KB, far below etcd's 1.5 MiB. Free text longer than its
+# bound is cut, never refused: by the writer, and by the reader of an older object.
+MAX_MESSAGE = 1024
+MAX_STEPS = 200  # the most recent ones are kept
+MAX_GPUS = 64  # a node has 8 or 16; more is not a node gpuguard knows
+MAX_ID = 64  # a PCI bus id (16 characters), a GPU UUID (40), a boot id (36)
+MAX_NODE_NAME = 253  # a Kubernetes object name
+
+Message = Annotated[str, Field(max_length=MAX_MESSAGE), cut_to(MAX_MESSAGE)]
+Gpus = Annotated[tuple[Annotated[str, Field(max_length=MAX_ID)], ...], Field(max_length=MAX_GPUS)]
+
+
+def _latest_steps(value: object) -> object:
+    # An object from before maxItems (or code's whole history) keeps its latest steps.
+    return value[-MAX_STEPS:] if isinstance(value, list | tuple) else value
+
 
 class Spec(Wire):
     """What the episode is about; written once, when the controller creates it."""
 
     node_name: str = Field(
         description="The Node this episode is about.",
+        max_length=MAX_NODE_NAME,
         json_schema_extra={
             "x-kubernetes-validations": [
                 {"rule": "self == oldSelf", "message": "nodeName is immutable"}
@@ -80,6 +101,13 @@ class Spec(Wire):
         },
     )
     opened_at: Time = Field(description="When the node was first seen unhealthy (RFC 3339).")
+    node_uid: str | None = Field(
+        default=None,
+        alias="nodeUID",
+        max_length=128,
+        description="The Node's metadata.uid when the episode opened: a Node registered "
+        "again under the same name (a new machine) does not inherit the episode.",
+    )
 
 
 class Step(Wire):
@@ -88,7 +116,7 @@ class Step(Wire):
     at: Time
     # Any string to the API server, as it always was; code reads only phases.
     phase: Annotated[Phase, WithJsonSchema({"type": "string"})]
-    message: str
+    message: Message
 
 
 class Request(Wire):
@@ -96,7 +124,7 @@ class Request(Wire):
 
     action: Rung
     attempt: Count
-    gpus: tuple[str, ...] = ()
+    gpus: Gpus = ()
     requested_at: Time
 
 
@@ -107,7 +135,7 @@ class Result(Wire):
     attempt: Count
     succeeded: bool
     at: Time
-    message: str = ""
+    message: Message = ""
 
 
 class Status(Wire):
@@ -129,7 +157,7 @@ class Status(Wire):
     ] = Field(default_factory=dict, description="Attempts made per rung in this episode.")
     phase_since: Time | None = None
     last_action_at: Time | None = None
-    gpus: tuple[str, ...] = Field(
+    gpus: Gpus = Field(
         default=(),
         description="The GPUs (PCI bus ids) the current rung works on; empty is the whole node.",
     )
@@ -141,11 +169,13 @@ class Status(Wire):
     )
     closed_at: Time | None = None
     resolution: Resolution | None = None
-    last_message: str | None = Field(
+    last_message: Message | None = Field(
         default=None, description="The latest step's message, for display."
     )
-    steps: tuple[Step, ...] = Field(
-        default=(), description="Every decision of the episode (the most recent ones are kept)."
+    steps: Annotated[tuple[Step, ...], BeforeValidator(_latest_steps)] = Field(
+        default=(),
+        max_length=MAX_STEPS,
+        description="Every decision of the episode (the most recent ones are kept).",
     )
     request: Request | None = Field(
         default=None, description="The controller's order for the node's agent."

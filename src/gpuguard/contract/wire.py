@@ -49,6 +49,18 @@ Time = Annotated[
 Model = TypeVar("Model", bound=BaseModel)
 
 
+def cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, an ellipsis marking a cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def cut_to(limit: int) -> BeforeValidator:
+    """For a free-text field of at most ``limit`` characters (``Field(max_length=limit)``,
+    the schema's ``maxLength``): a longer string, from code or from an object written
+    before the limit, is cut rather than refused."""
+    return BeforeValidator(lambda value: cut(value, limit) if isinstance(value, str) else value)
+
+
 def read(model: type[Model], data: object, *, obj: str, at: str) -> Model:
     """``data`` (found at ``at`` in ``obj``) as a ``model``, or a ``ContractError``."""
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuguard.contract import remediation as wire
 from gpuguard.contract.errors import ContractError
@@ -28,7 +28,7 @@ from gpuguard.remediation.model import ActionResult, Episode, Phase, Step
 log = logging.getLogger(__name__)
 
 NODE_REMEDIATIONS = Resource(f"/apis/{GROUP_VERSION}", PLURAL)
-MAX_STEPS = 200  # keeps an object far below etcd's size limit; the oldest steps go first
+MAX_STEPS = wire.MAX_STEPS  # the CRD's maxItems; the oldest steps go first
 _MAX_NAME = 253
 
 
@@ -55,7 +55,7 @@ def episode_to_object(ep: Episode) -> Json:
     """The whole NodeRemediation for ``ep`` (``status.request`` is not part of an Episode)."""
     whole = wire.NodeRemediation(
         metadata={"name": object_name(ep.node, ep.opened_at)},
-        spec=wire.Spec(node_name=ep.node, opened_at=ep.opened_at),
+        spec=wire.Spec(node_name=ep.node, opened_at=ep.opened_at, nodeUID=ep.node_uid or None),
         status=_status(ep),
     )
     return whole.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -80,47 +80,85 @@ def episode_from_object(obj: Json) -> Episode:
         closed_at=status.closed_at,
         resolution=status.resolution,
         steps=[Step(at=step.at, phase=step.phase, message=step.message) for step in status.steps],
+        node_uid=spec.node_uid or "",
     )
 
 
-def save_episode(api: KubeApi, ep: Episode, *, new: bool = False) -> None:
-    """Create the object if needed and write the controller's part of its status.
+def save_episode(
+    api: KubeApi, ep: Episode, *, new: bool = False, resource_version: str = ""
+) -> str:
+    """Create the object if needed and write the controller's part of its status; returns
+    the object's new resourceVersion.
 
     Idempotent: saving the same episode twice writes the same fields. ``status.result`` is
     written only when the episode carries one, so the agent's answer is never erased.
+    ``resource_version``: the version this save was computed from; the API server refuses
+    the write (409) if the object changed since, so a replica that lost its leadership
+    cannot overwrite what the new leader wrote.
     """
     name = object_name(ep.node, ep.opened_at)
-    patch = {"status": _status_patch(ep)}
+    patch: Json = {"status": _status_patch(ep)}
+    if resource_version:
+        patch["metadata"] = {"resourceVersion": resource_version}
     if not new:  # usually it exists: one write; ``new`` skips the doomed first try
         try:
-            api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch)
-            return
+            return _version(api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch))
         except KubeNotFound:
             pass
     created = episode_to_object(ep)
     del created["status"]  # ignored on create: the status subresource owns it
     # AlreadyExists (409): created meanwhile by a retry of ours; the patch still applies.
     with contextlib.suppress(KubeConflict):
-        api.create(NODE_REMEDIATIONS.path(), created)
-    api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch)
+        made = api.create(NODE_REMEDIATIONS.path(), created)
+        patch["metadata"] = {"resourceVersion": _version(made)}
+    return _version(api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch))
+
+
+@dataclass
+class StoredEpisodes:
+    """Every NodeRemediation as the controller reads it when it (re)starts.
+
+    ``held``: nodes whose episode object cannot be read (the reason, naming the object and
+    field). Such a node is held, never treated as having no episode: starting its ladder
+    over could repeat a reboot already done. ``unreadable``: why each unreadable object
+    (open, closed or naming no node) could not be read."""
+
+    open: dict[str, Episode] = field(default_factory=dict)  # by node, the newest
+    closed: list[Episode] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)  # object name -> resourceVersion
+    held: dict[str, str] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)
+
+
+def read_episodes(api: KubeApi) -> StoredEpisodes:
+    stored = StoredEpisodes()
+    for obj in api.list(NODE_REMEDIATIONS.path()).items:
+        stored.versions[_name(obj)] = _version(obj)
+        try:
+            ep = episode_from_object(obj)
+        except ContractError as exc:
+            stored.unreadable.append(str(exc))
+            node = (obj.get("spec") or {}).get("nodeName")
+            if (obj.get("status") or {}).get("phase") == Phase.CLOSED:
+                log.warning("unreadable closed NodeRemediation, left out of the history: %s", exc)
+            elif isinstance(node, str) and node:
+                stored.held[node] = str(exc)
+                log.warning("unreadable NodeRemediation, node %s held: %s", node, exc)
+            else:
+                log.warning("unreadable NodeRemediation naming no node: %s", exc)
+            continue
+        if ep.phase is Phase.CLOSED:
+            stored.closed.append(ep)
+        elif ep.node not in stored.open or stored.open[ep.node].opened_at < ep.opened_at:
+            stored.open[ep.node] = ep
+    stored.closed.sort(key=lambda ep: ep.opened_at)
+    return stored
 
 
 def list_episodes(api: KubeApi) -> tuple[dict[str, Episode], list[Episode]]:
     """Open episodes by node (the newest if a node has several) and closed ones."""
-    open_by_node: dict[str, Episode] = {}
-    closed: list[Episode] = []
-    for obj in api.list(NODE_REMEDIATIONS.path()).items:
-        try:
-            ep = episode_from_object(obj)
-        except ContractError as exc:
-            log.warning("skipping malformed NodeRemediation: %s", exc)
-            continue
-        if ep.phase is Phase.CLOSED:
-            closed.append(ep)
-        elif ep.node not in open_by_node or open_by_node[ep.node].opened_at < ep.opened_at:
-            open_by_node[ep.node] = ep
-    closed.sort(key=lambda ep: ep.opened_at)
-    return open_by_node, closed
+    stored = read_episodes(api)
+    return stored.open, stored.closed
 
 
 def delete_closed_before(api: KubeApi, cutoff: float) -> int:
@@ -146,13 +184,21 @@ def set_request(
     api: KubeApi, ep: Episode, action: Action, attempt: int, gpus: tuple[str, ...], now: float
 ) -> bool:
     """Order ``action`` from the node's agent; False (nothing written) when this attempt of
-    this action is already requested, so repeating a decision after a restart is harmless."""
+    this action is already requested, so repeating a decision after a restart is harmless,
+    or when the episode is closed."""
     path = NODE_REMEDIATIONS.path(object_name(ep.node, ep.opened_at), sub="status")
-    current = wire.request_of(api.get(path))
+    obj = api.get(path)
+    if (obj.get("status") or {}).get("phase") == Phase.CLOSED:
+        return False  # closed meanwhile (by another leader): nothing to order
+    current = wire.request_of(obj)
     if current is not None and (current.action, current.attempt) == (action, attempt):
         return False
     request = wire.Request(action=action, attempt=attempt, gpus=gpus, requested_at=now)
-    api.patch(path, {"status": {"request": request.model_dump(mode="json", by_alias=True)}})
+    patch = {
+        "metadata": {"resourceVersion": _version(obj)},  # as read: nothing wrote meanwhile
+        "status": {"request": request.model_dump(mode="json", by_alias=True)},
+    }
+    api.patch(path, patch)
     return True
 
 
@@ -212,7 +258,10 @@ def report_result(api: KubeApi, name: str, result: ActionResult) -> None:
 
 
 def _status(ep: Episode) -> wire.Status:
-    """The episode's status as stored (without ``request``, the controller's order)."""
+    """The episode's status as stored (without ``request``, the controller's order).
+
+    The wire model cuts every message to the CRD's maxLength (the agent's answer, copied
+    into a step and lastMessage, may be anything), so this write is never too big."""
     steps = ep.steps[-MAX_STEPS:]
     result = ep.action_result
     return wire.Status(
@@ -265,3 +314,7 @@ def _result(answer: wire.Result) -> ActionResult:
 
 def _name(obj: Json) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _version(obj: Json) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
