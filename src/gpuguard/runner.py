@@ -9,6 +9,7 @@ still returns on time.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Sequence
@@ -201,7 +202,9 @@ class RepeatingCheck:
     """Runs one check again and again (the agent's schedule) without piling up stuck runs.
 
     If the previous run is still blocked past its timeout (abandoned, not killed), the next
-    run does not start another copy: it reports the check as still timed out.
+    run does not start another copy: it reports the check as still timed out. A tool that
+    outlives its kill is kept in sight the same way, by ``tool_process``: the check runs, but
+    that tool is not started again until the stuck one exits.
     """
 
     def __init__(self, check: Check, ctx: CheckContext) -> None:
@@ -212,7 +215,11 @@ class RepeatingCheck:
     def run_once(self) -> CheckResult:
         if self._stuck is not None and self._stuck.thread.is_alive():
             waited = time.monotonic() - self._stuck.started
-            detail = f"{self.check.name}: previous run still stuck after {waited:.0f}s"
+            since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=waited)
+            detail = (
+                f"{self.check.name}: the previous run has not exited yet (stuck since"
+                f" {since:%Y-%m-%dT%H:%M:%SZ}, {waited:.0f}s); not started again"
+            )
             return _inconclusive(self.check, Outcome.TIMED_OUT, detail, 0.0)
         pending = _start(self.check, self.ctx)
         result = _collect(pending)

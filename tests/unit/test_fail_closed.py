@@ -20,9 +20,10 @@ from gpuguard.checks.nvidia_smi.check import SmiCheck
 from gpuguard.cli import main
 from gpuguard.config import Config
 from gpuguard.model import Layer, Outcome, Status
-from gpuguard.runner import GRACE_S, assess, run_check
+from gpuguard.runner import GRACE_S, RepeatingCheck, assess, run_check
 from gpuguard.sources import LiveSources
 from tests.conftest import DATA
+from tests.support.cluster import wait_for
 
 TIMEOUT_S = 1.0
 # Time allowed past the timeout for killing the tool and reporting.
@@ -123,8 +124,10 @@ class StuckInProcess:
 
     def __init__(self) -> None:
         self.release = threading.Event()
+        self.runs = 0
 
     def run(self, ctx: CheckContext) -> list:
+        self.runs += 1
         self.release.wait()
         return []
 
@@ -138,6 +141,20 @@ def test_runner_returns_on_time_even_when_a_check_cannot_be_interrupted():
     assert time.monotonic() - started < 0.3 + MARGIN_S
     assert result.outcome is Outcome.TIMED_OUT
     assert "abandoned" in result.detail
+
+
+def test_a_check_stuck_in_process_is_reported_not_started_again():
+    check = StuckInProcess()
+    config = Config()
+    runner = RepeatingCheck(check, CheckContext(LiveSources(config), config, 0.2))
+    first, second = runner.run_once(), runner.run_once()
+    assert "abandoned" in first.detail
+    assert second.outcome is Outcome.TIMED_OUT
+    assert "has not exited yet" in second.detail and "since" in second.detail
+    assert assess([second], fail_closed=True).layers[Layer.GPU].status is Status.UNHEALTHY
+    assert check.runs == 1
+    check.release.set()
+    wait_for(lambda: runner.run_once().outcome is Outcome.OK, 5, "a normal run once released")
 
 
 class Crashes:
