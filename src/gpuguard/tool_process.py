@@ -228,7 +228,10 @@ class _Pipes:
         self._files.clear()
 
     def _read(self, fd: int) -> None:
-        chunk = os.read(fd, READ_BYTES)
+        try:
+            chunk = os.read(fd, READ_BYTES)
+        except OSError:  # not seen on a pipe; taken as its end rather than a dead watcher
+            chunk = b""
         if not chunk:
             self._poll.unregister(fd)
             self._files.pop(fd).close()

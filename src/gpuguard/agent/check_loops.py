@@ -5,7 +5,7 @@ A fallback (``checks.registry.FALLBACKS``: nvidia-smi for NVML) runs only while 
 primary gives no verdict, unless ``cross_check`` is set, as in ``gpuguard check``; while
 the primary answers, the fallback's last result is withdrawn. A check stuck past its
 timeout is not started again while its previous run is still blocked
-(``runner.RepeatingCheck``).
+(``runner.RepeatingCheck``), nor is a tool that outlived its kill (``tool_process``).
 """
 
 from __future__ import annotations
