@@ -30,8 +30,8 @@ from tests.unit.test_fail_closed import XML, make_tool
 
 MiB = 1024 * 1024
 INTERVAL_S = 0.2
-TIMEOUT_S = 0.3
-ROUNDS_FOR_S = 2.5  # how long the schedule runs against the hung tool
+TIMEOUT_S = 1.0  # ample for the fake tool to start and fork, even on a busy machine
+ROUNDS_FOR_S = 3.0  # how long the schedule runs against the hung tool
 
 
 def prints(total_bytes: int, finished: Path) -> str:
