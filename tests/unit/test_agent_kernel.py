@@ -4,32 +4,49 @@ from __future__ import annotations
 
 import threading
 import time
+import tracemalloc
 
 from gpuguard.agent.kernel_log.followers import FileFollower
+from gpuguard.agent.kernel_log.lines import MAX_LINE_BYTES
+from gpuguard.agent.kernel_log.monitor import KernelLogMonitor
 from gpuguard.agent.kernel_log.state import (
     REMEMBERED_SOURCE,
     KernelState,
     lasting,
     recall,
 )
+from gpuguard.agent.metrics import AgentMetrics
+from gpuguard.agent.node_state import NodeState
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.contract.memory import encode_memory
+from gpuguard.model import Layer, Status
 from tests.support.clock import FakeClock
 from tests.support.cluster import wait_for
 
 XID79 = (
     "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 )
+XID48 = "NVRM: Xid (PCI:0000:91:00): 48, pid=42, name=python, DBE (0x1) has been detected"
 XID13 = "NVRM: Xid (PCI:0000:38:00): 13, pid=42, name=python, Graphics Exception"
+
+
+class Calls:
+    """A follower's sink that keeps each delivery as (lines, reset)."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def lines(self, block: bytes, reset: bool) -> None:
+        self.calls.append((block.decode().splitlines(), reset))
+
+    def unreadable(self, detail: str) -> None:
+        self.calls.append((detail, None))
 
 
 def follow_in_background(path, calls):
     stop = threading.Event()
     follower = FileFollower(path, poll_s=0.01)
-    thread = threading.Thread(
-        target=follower.follow,
-        args=(lambda lines, reset: calls.append((lines, reset)), stop),
-        daemon=True,
-    )
+    thread = threading.Thread(target=follower.follow, args=(Calls(calls), stop), daemon=True)
     thread.start()
     return stop, thread
 
@@ -132,3 +149,158 @@ def test_a_reset_forgets_a_message_whose_gpu_was_named_on_the_line_before():
     state.forget_gpus(["0000:3b:00.0"])
     # The whole message goes, not only its first line (which would leave it about the node).
     assert [(f.code, f.component.id) for f in state.findings()] == [("XID_48", "0000:5d:00.0")]
+
+
+# --- bounded memory (chaos_findings F8) and a vanished log (F13) ------------------------
+class Sink:
+    """What a follower delivered: blocks of complete lines, and whether it said the log
+    cannot be read."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[bytes, bool]] = []
+        self.troubles: list[str] = []
+
+    def lines(self, block: bytes, reset: bool) -> None:
+        self.blocks.append((block, reset))
+
+    def unreadable(self, detail: str) -> None:
+        self.troubles.append(detail)
+
+    def delivered(self) -> list[bytes]:
+        return [line for block, _ in self.blocks for line in block.split(b"\n") if line]
+
+
+def follow_into(path, sink, poll_s=0.01):
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=FileFollower(path, poll_s=poll_s).follow, args=(sink, stop), daemon=True
+    )
+    thread.start()
+    return stop, thread
+
+
+def test_an_overlong_line_keeps_its_head_and_its_tail_and_nothing_longer(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    sink = Sink()
+    stop, thread = follow_into(log, sink)
+    try:
+        wait_for(lambda: sink.blocks)
+        with log.open("ab") as handle:
+            handle.write(XID48.encode() + b" trailing junk" * 100_000 + b"\n")
+            for _ in range(30):  # an unterminated line growing over many polls
+                handle.write(b"x" * 100_000)
+                handle.flush()
+            handle.write(XID79.encode() + b"\n")
+        wait_for(lambda: any(b"Xid" in line and b": 79," in line for line in sink.delivered()))
+        lines = sink.delivered()
+        assert all(len(line) <= MAX_LINE_BYTES for line in lines)
+        assert lines[0].startswith(XID48.encode())  # the head of the first long line
+        assert lines[-1].endswith(XID79.encode())  # the tail of the second
+    finally:
+        stop.set()
+        thread.join(2)
+
+
+def test_a_flood_of_lines_is_kept_as_counted_incidents_in_bounded_memory():
+    state = KernelState(600, lambda: "boot-1")
+    block = [XID13.replace("pid=42", f"pid={i % 7}") for i in range(10_000)]
+    state.add_lines(block, reset=True)
+    tracemalloc.start()
+    try:
+        for _ in range(20):
+            state.add_lines(block, reset=False)
+        state.add_lines([XID79], reset=False)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 256 * 1024, f"{kept} bytes kept for 210,001 lines"
+    by_code = {f.code: f for f in state.findings()}
+    assert set(by_code) == {"XID_13", "XID_79"}
+    assert "210000 line(s) on 1 GPU(s)" in by_code["XID_13"].message
+
+
+def test_a_job_fault_expires_a_time_to_live_after_its_last_line():
+    clock = FakeClock(1000.0)
+    state = KernelState(600, lambda: "boot-1", clock.monotonic)
+    state.add_lines([XID13], reset=True)
+    clock.step(500)
+    state.add_lines([XID13], reset=False)  # the job is still crashing
+    clock.step(500)
+    assert [f.code for f in state.findings()] == ["XID_13"]
+    clock.step(101)
+    assert state.findings() == []
+
+
+def test_a_vanished_log_is_said_after_a_grace_and_read_again_when_it_is_back(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("boot line\n")
+    sink = Sink()
+    stop, thread = follow_into(log, sink)
+    try:
+        wait_for(lambda: sink.blocks)
+        log.unlink()
+        wait_for(lambda: sink.troubles, what="the follower saying the log is gone")
+        assert str(log) in sink.troubles[0] and "no such file" in sink.troubles[0]
+        log.write_text("after rotation\n")
+        wait_for(lambda: (b"after rotation\n", True) in sink.blocks)
+        log.unlink()
+        log.mkdir()
+        wait_for(lambda: len(sink.troubles) == 2)
+        assert "not a regular file" in sink.troubles[1]
+    finally:
+        stop.set()
+        thread.join(2)
+
+
+def test_a_rotation_does_not_flap_the_kernel_layer(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("boot line\n")
+    sink = Sink()
+    stop, thread = follow_into(log, sink)
+    try:
+        wait_for(lambda: sink.blocks)
+        for n in range(20):  # logrotate's create: renamed away, a new file in its place
+            log.rename(tmp_path / f"kern.log.{n}")
+            log.write_text(f"rotated {n}\n")
+        wait_for(lambda: (b"rotated 19\n", True) in sink.blocks)
+        assert sink.troubles == []
+    finally:
+        stop.set()
+        thread.join(2)
+
+
+def test_an_unreadable_log_keeps_the_hardware_faults_already_seen(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text(XID13 + "\n" + XID79 + "\n")
+    state = NodeState([])
+    monitor = KernelLogMonitor(
+        FileFollower(log, poll_s=0.01),
+        600,
+        lambda: "boot-1",
+        state,
+        AgentMetrics(),
+        SYSTEM_CLOCK,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
+    thread.start()
+
+    def kernel_and_codes():
+        report = state.report(monitor.findings, fail_closed=True)
+        if report is None:
+            return None
+        codes = {f.code for h in report.layers.values() for f in h.findings}
+        return report.layers[Layer.KERNEL].status, codes
+
+    try:
+        wait_for(lambda: kernel_and_codes() == (Status.HEALTHY, {"XID_13", "XID_79"}))
+        log.unlink()
+        # The log is gone: the kernel layer is not healthy, and the GPU that fell off the
+        # bus is still reported (and still remembered on the Node).
+        wait_for(lambda: kernel_and_codes() == (Status.UNHEALTHY, {"CHECK_FAILED", "XID_79"}))
+        log.write_text("back\n")
+        wait_for(lambda: kernel_and_codes() == (Status.HEALTHY, {"XID_13", "XID_79"}))
+    finally:
+        stop.set()
+        thread.join(2)

@@ -1,30 +1,39 @@
 """Following the kernel log as it grows, so that an Xid reaches the API in about a second.
 
-A follower calls ``on_lines(lines, reset)`` from its own thread: first with everything
-already in the log (``reset=True``), then with each batch of new complete lines. A file
-that shrinks or is replaced (a new boot, a rotated log) is read again from the start with
-``reset=True``.
+A follower feeds a :class:`LogSink` from its own thread: ``lines(block, reset)`` first
+with everything already in the log (``reset=True``), then with each block of new complete
+lines (bytes, newline-separated, each line cut to ``lines.MAX_LINE_BYTES``); a file is read
+at most :data:`READ_BYTES` at a time, so memory stays bounded however fast the log grows.
+A file that shrinks or is replaced (a new boot, a rotated log) is read again from the
+start with ``reset=True``. A followed file that is gone, or is no longer a regular file,
+for longer than :data:`MISSING_GRACE_S` is said with ``unreadable(detail)``; the grace
+covers a rotation's rename-then-create (microseconds, a poll or so), and the follower
+keeps looking and reads the file from the start once it is back.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import stat
 import subprocess
 import threading
-from collections.abc import Callable
+import time
 from pathlib import Path
 from typing import Protocol
 
-from gpuguard.sources import (
-    KMSG,
-    KMSG_RECORD_BYTES,
-    drain_kmsg,
-    kernel_log_methods,
-    kmsg_message,
-)
+from gpuguard.agent.kernel_log.lines import LineCutter
+from gpuguard.sources import KMSG, drain_kmsg, kernel_log_methods, kmsg_message
 
-LinesCallback = Callable[[list[str], bool], None]
 POLL_S = 0.1
+READ_BYTES = 1 << 20
+MISSING_GRACE_S = 1.0
+
+
+class LogSink(Protocol):
+    def lines(self, block: bytes, reset: bool) -> None: ...
+
+    def unreadable(self, detail: str) -> None: ...
 
 
 class Follower(Protocol):
@@ -32,65 +41,97 @@ class Follower(Protocol):
 
     description: str
 
-    def follow(self, on_lines: LinesCallback, stop: threading.Event) -> None: ...
+    def follow(self, sink: LogSink, stop: threading.Event) -> None: ...
 
 
 class FileFollower:
     """A plain file (``kern.log``, a test's log): polled for growth every 100 ms."""
 
-    def __init__(self, path: Path, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self, path: Path, poll_s: float = POLL_S, grace_s: float = MISSING_GRACE_S
+    ) -> None:
         self.path = path
         self.poll_s = poll_s
+        self.grace_s = grace_s
         self.description = str(path)
 
-    def follow(self, on_lines: LinesCallback, stop: threading.Event) -> None:
-        if not self.path.exists():
-            raise FileNotFoundError(f"{self.path}: no such file")
+    def follow(self, sink: LogSink, stop: threading.Event) -> None:
+        if (problem := self._problem()) is not None:
+            raise OSError(f"{self.path}: {problem}")
         identity: tuple[int, int] | None = None
         position = 0
-        pending = ""
+        cutter = LineCutter()
+        missing_since: float | None = None
+        said = False
         while not stop.is_set():
-            try:
-                stat = self.path.stat()
-            except FileNotFoundError:  # between a rotation's unlink and the new file
+            problem = self._problem()
+            if problem is not None:
+                now = time.monotonic()
+                missing_since = now if missing_since is None else missing_since
+                if not said and now - missing_since >= self.grace_s:
+                    sink.unreadable(f"{self.path}: {problem} for {now - missing_since:.1f}s")
+                    said = True
+                identity = None  # whatever comes back is another file: read it all
                 stop.wait(self.poll_s)
                 continue
-            reset = identity != (stat.st_dev, stat.st_ino) or stat.st_size < position
+            missing_since, said = None, False
+            info = self.path.stat()
+            reset = identity != (info.st_dev, info.st_ino) or info.st_size < position
             if reset:
-                identity, position, pending = (stat.st_dev, stat.st_ino), 0, ""
-            if stat.st_size > position or reset:
-                with self.path.open("rb") as handle:
-                    handle.seek(position)
-                    chunk = handle.read()
-                position += len(chunk)
-                text = pending + chunk.decode("utf-8", errors="replace")
-                *complete, pending = text.split("\n")
-                if complete or reset:
-                    on_lines(complete, reset)
+                identity, position, cutter = (info.st_dev, info.st_ino), 0, LineCutter()
+            if info.st_size > position or reset:
+                position = self._read(position, cutter, sink, reset, stop)
             stop.wait(self.poll_s)
+
+    def _problem(self) -> str | None:
+        try:
+            mode = self.path.stat().st_mode
+        except FileNotFoundError:
+            return "no such file"
+        return None if stat.S_ISREG(mode) else "not a regular file"
+
+    def _read(
+        self, position: int, cutter: LineCutter, sink: LogSink, reset: bool, stop: threading.Event
+    ) -> int:
+        """Everything from ``position`` on, a chunk at a time; the new position."""
+        with self.path.open("rb") as handle:
+            handle.seek(position)
+            while True:
+                chunk = handle.read(READ_BYTES)
+                position += len(chunk)
+                block = cutter.feed(chunk)
+                if block or reset:
+                    sink.lines(block, reset)
+                    reset = False
+                if len(chunk) < READ_BYTES or stop.is_set():
+                    return position
 
 
 class KmsgFollower:
-    """``/dev/kmsg``: one record per read, blocking; starts at the oldest record kept."""
+    """``/dev/kmsg``: one record per read; starts at the oldest record kept. Records come
+    in blocks of what is there when the descriptor is readable (the kernel caps a record's
+    length)."""
 
     description = str(KMSG)
 
-    def __init__(self, path: Path = KMSG) -> None:
+    def __init__(self, path: Path = KMSG, wake_s: float = 1.0) -> None:
         self.path = path
+        self.wake_s = wake_s  # how often ``stop`` is looked at while the log is quiet
 
-    def follow(self, on_lines: LinesCallback, stop: threading.Event) -> None:
+    def follow(self, sink: LogSink, stop: threading.Event) -> None:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            on_lines([kmsg_message(record) for record in drain_kmsg(fd)], True)
-            os.set_blocking(fd, True)
+            sink.lines(self._block(fd), True)
             while not stop.is_set():
-                try:
-                    record = os.read(fd, KMSG_RECORD_BYTES)
-                except BrokenPipeError:
-                    continue  # records were overwritten before we read them
-                on_lines([kmsg_message(record)], False)
+                readable, _, _ = select.select([fd], [], [], self.wake_s)
+                if readable and (block := self._block(fd)):
+                    sink.lines(block, False)
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _block(fd: int) -> bytes:
+        return b"".join(kmsg_message(r).encode() + b"\n" for r in drain_kmsg(fd))
 
 
 class JournalFollower:
@@ -101,12 +142,11 @@ class JournalFollower:
     def __init__(self, journalctl: str = "journalctl") -> None:
         self.journalctl = journalctl
 
-    def follow(self, on_lines: LinesCallback, stop: threading.Event) -> None:
+    def follow(self, sink: LogSink, stop: threading.Event) -> None:
         proc = subprocess.Popen(
             [self.journalctl, "-k", "-b", "-f", "--no-pager", "-q", "-o", "short-iso"],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            text=True,
         )
 
         def stop_journalctl() -> None:
@@ -115,9 +155,12 @@ class JournalFollower:
 
         threading.Thread(target=stop_journalctl, daemon=True).start()
         assert proc.stdout is not None
-        on_lines([], True)
-        for line in proc.stdout:
-            on_lines([line.rstrip("\n")], False)
+        sink.lines(b"", True)
+        cutter = LineCutter()
+        fd = proc.stdout.fileno()
+        while chunk := os.read(fd, READ_BYTES):  # whatever is there, up to a bound
+            if block := cutter.feed(chunk):
+                sink.lines(block, False)
         proc.wait()
 
 

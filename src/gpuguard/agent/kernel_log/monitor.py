@@ -2,8 +2,10 @@
 findings, and their memory on the Node.
 
 The kernel log is followed, not polled like the other checks (so it has no check loop).
-A log that cannot be followed is a ``FAILED`` verdict on the kernel layer, never a quiet
-healthy one; the follower is started again every ``retry_s``.
+A log that cannot be followed (or has gone, ``followers.MISSING_GRACE_S``) is a ``FAILED``
+verdict on the kernel layer (Unknown; Unhealthy when failing closed), never a quiet
+healthy one, until the log is read again; a follower that raised is started again every
+``retry_s``.
 """
 
 from __future__ import annotations
@@ -47,28 +49,35 @@ class KernelLogMonitor:
         self._clock = clock
         self._retry_s = retry_s
         self._kernel = KernelState(application_ttl_s, boot_id, clock.monotonic)
+        self._started = clock.monotonic()
 
     def run(self, stop: threading.Event) -> None:
         """Follow the log until ``stop``, starting the follower again after a failure."""
-        started = self._clock.monotonic()
-
-        def on_lines(lines: list[str], reset: bool) -> None:
-            for event in self._kernel.add_lines(lines, reset):
-                if event.kind == "xid":
-                    self._metrics.xids.labels(str(event.code)).inc()
-            elapsed = self._clock.monotonic() - started
-            self._state.put_kernel_status(CheckResult(NAME, Layer.KERNEL, Outcome.OK, [], elapsed))
-
         while not stop.is_set():
             try:
-                self.follower.follow(on_lines, stop)
+                self.follower.follow(self, stop)
             except Exception as exc:  # an unreadable log is a verdict on the kernel layer
-                detail = f"{NAME}: cannot follow {self.follower.description}: {exc}"
-                log.error("%s; retrying in %.0fs", detail, self._retry_s)
-                self._state.put_kernel_status(
-                    inconclusive_result(NAME, Layer.KERNEL, Outcome.FAILED, detail, 0.0)
-                )
+                self.unreadable(f"{exc}")
+                log.error("retrying %s in %.0fs", self.follower.description, self._retry_s)
                 stop.wait(self._retry_s)
+
+    # --- the follower's sink --------------------------------------------------------
+    def lines(self, block: bytes, reset: bool) -> None:
+        """New lines of the log."""
+        for code, lines in self._kernel.add_block(block, reset).items():
+            self._metrics.xids.labels(str(code)).inc(lines)
+        elapsed = self._clock.monotonic() - self._started
+        self._state.put_kernel_status(CheckResult(NAME, Layer.KERNEL, Outcome.OK, [], elapsed))
+
+    def unreadable(self, detail: str) -> None:
+        """The log cannot be read: no verdict on the kernel layer. The hardware faults
+        already seen still stand (and stay remembered on the Node): a log that went away
+        heals no GPU."""
+        detail = f"{NAME}: cannot follow {self.follower.description}: {detail}"
+        log.error("%s", detail)
+        failed = inconclusive_result(NAME, Layer.KERNEL, Outcome.FAILED, detail, 0.0)
+        failed.findings.extend(lasting(self._kernel.findings()))
+        self._state.put_kernel_status(failed)
 
     def findings(self) -> list[Finding]:
         """What the log says now (job faults past their time to live left out)."""

@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 
-from gpuguard.checks.kernel_log.check import KernelLogCheck, scan
-from gpuguard.checks.kernel_log.incidents import devices_named, findings_for_events
-from gpuguard.checks.kernel_log.messages import KernelEvent
-from gpuguard.checks.xid_catalog import rule_for
+from gpuguard.checks.kernel_log.check import KernelLogCheck, RepeatScanner
+from gpuguard.checks.kernel_log.incidents import Incident, IncidentKey
+from gpuguard.checks.kernel_log.tally import IncidentTally
 from gpuguard.contract.errors import ContractError
 from gpuguard.contract.memory import decode_memory
 from gpuguard.model import Finding, Severity
@@ -29,6 +29,8 @@ REMEMBERED_SOURCE = f"{SOURCE} (remembered across agent restart)"
 
 
 class KernelState:
+    """The log's incidents (counted, never its lines: ``checks.kernel_log.tally``)."""
+
     def __init__(
         self,
         application_ttl_s: float,
@@ -39,48 +41,60 @@ class KernelState:
         self._boot_id = boot_id
         self._clock = clock
         self._lock = threading.Lock()
-        self._events: list[tuple[float, KernelEvent]] = []
+        self._scanner = RepeatScanner()
+        self._tally = IncidentTally()
         self._remembered: tuple[str, list[Finding]] = ("", [])
         self._events_boot = boot_id()
 
-    def add_lines(self, lines: Iterable[str], reset: bool) -> list[KernelEvent]:
-        """Take new log lines; returns the events found in them.
+    def add_block(self, block: bytes, reset: bool) -> Counter[int]:
+        """Take new log lines (``block``: complete lines); returns how many lines of each
+        Xid code it held.
 
         ``reset`` says the log started over. Only a new boot clears what was seen: a
         rotated log file does not heal a GPU that fell off the bus.
         """
-        now = self._clock()
-        events = scan("\n".join(lines))
         boot = self._boot_id() if reset else self._events_boot
+        xids: Counter[int] = Counter()
         with self._lock:
             if boot != self._events_boot:
-                self._events.clear()
+                self._tally = IncidentTally()
+                self._scanner.forget()
                 self._events_boot = boot
-            self._events.extend((now, event) for event in events)
-        return events
+            now = self._clock()
+            tally = self._tally
+            for event in self._scanner.events(block):
+                tally.add(event, now)
+                if event.kind == "xid" and event.code is not None:
+                    xids[event.code] += 1
+            if tally.dropped:
+                log.warning("kernel log: %d line(s) of new incidents dropped", tally.dropped)
+                tally.dropped = 0
+        return xids
+
+    def add_lines(self, lines: Iterable[str], reset: bool) -> Counter[int]:
+        """:meth:`add_block` for lines as text."""
+        return self.add_block("\n".join(lines).encode("utf-8", errors="surrogatepass"), reset)
 
     def findings(self) -> list[Finding]:
         now = self._clock()
         with self._lock:
-            self._events = [(t, e) for t, e in self._events if not self._expired(t, e, now)]
-            events = [e for _, e in self._events]
+            if self._tally.drop(lambda key, incident: self._expired(key, incident, now)):
+                self._scanner.forget()  # its lines would stand for a new incident's
+            found = self._tally.findings(SOURCE)
             boot, remembered = self._remembered
         if boot != self._boot_id():
             remembered = []  # a new boot healed what the old one remembered
-        found = findings_for_events(events, SOURCE)
         seen = {(f.code, f.component) for f in found}
         return found + [f for f in remembered if (f.code, f.component) not in seen]
 
     def forget_gpus(self, gpus: Iterable[str]) -> None:
-        """A reset handled these GPUs' faults: drop their events (and remembered findings)."""
+        """A reset handled these GPUs' faults: drop their incidents (and remembered findings).
+        A driver message is about the GPU named on the line before it, when its own names
+        none: the whole message goes."""
         names = {gpu_id(g) for g in gpus}
         with self._lock:
-            about = devices_named([e for _, e in self._events])
-            self._events = [
-                (t, e)
-                for (t, e), device in zip(self._events, about, strict=True)
-                if gpu_id(device) not in names
-            ]
+            if self._tally.drop(lambda _, incident: gpu_id(incident.device) in names):
+                self._scanner.forget()
             boot, remembered = self._remembered
             kept = [
                 f for f in remembered if not (f.component.kind == "gpu" and f.component.id in names)
@@ -92,9 +106,9 @@ class KernelState:
         with self._lock:
             self._remembered = (boot_id, list(findings))
 
-    def _expired(self, received: float, event: KernelEvent, now: float) -> bool:
-        application = event.kind == "xid" and rule_for(event.code or -1).application
-        return application and now - received > self._ttl
+    def _expired(self, key: IncidentKey, incident: Incident, now: float) -> bool:
+        """An application fault ages out a time to live after its last line."""
+        return key[0] == "app" and now - incident.last_at > self._ttl
 
 
 def recall(text: str, node: str) -> tuple[str, list[Finding]]:

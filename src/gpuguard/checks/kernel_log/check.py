@@ -15,18 +15,19 @@ every shape ends up as the same sequence of lines here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 import ahocorasick_rs
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.kernel_log.incidents import findings_for_events
 from gpuguard.checks.kernel_log.messages import KERNEL_PHRASES, KernelEvent, parse_line
+from gpuguard.checks.kernel_log.tally import findings_for_events
 from gpuguard.model import Finding, Layer
 from gpuguard.sources import Artifact
 
-__all__ = ["KernelEvent", "classify_log", "parse_line", "relevant_lines", "scan"]
+__all__ = ["KernelEvent", "RepeatScanner", "classify_log", "parse_line", "relevant_lines", "scan"]
 
 # A line holding none of these is never decoded or parsed. The driver writes "NVRM:" into
 # every message it prints; the others are the kernel's own faults and the lines that must
@@ -56,17 +57,71 @@ def relevant_lines(log: bytes | str) -> Iterator[str]:
     message reads the same from every collector.
     """
     data = log.encode("utf-8", errors="surrogatepass") if isinstance(log, str) else log
+    for start, end in _relevant_spans(data):
+        yield from split_record(_decoded(data[start:end]))
+
+
+def _relevant_spans(data: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of each line of ``data`` holding a marker, each once, in order."""
     next_line = 0  # the end of the last line yielded: later matches in it are skipped
     for _, start, _ in _FINDER.find_matches_as_indexes(data):
         if start < next_line:
             continue
-        line_start = data.rfind(b"\n", 0, start) + 1
         line_end = data.find(b"\n", start)
         if line_end < 0:
             line_end = len(data)
         next_line = line_end
-        line = data[line_start:line_end].decode("utf-8", errors="replace").rstrip("\r")
-        yield from split_record(line)
+        yield data.rfind(b"\n", 0, start) + 1, line_end
+
+
+def _decoded(line: bytes) -> str:
+    return line.decode("utf-8", errors="replace").rstrip("\r")
+
+
+# The time stamp a collector puts in front of a message, the only part in which the lines
+# of a flood of the same message differ: dmesg's "[ 5.123456] ", /dev/kmsg's
+# "6,1234,5678901,-;", an ISO time (journald's short-iso, rsyslog's). Nothing the grammar
+# reads lies in it, so lines equal after it parse to the same events.
+_STAMP = re.compile(
+    rb"(?:\[\s*\d+\.\d+\]|\d+,\d+,\d+,[^;\s]{0,64};"
+    rb"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)[ \t]*"
+)
+_CACHED_CHARS = 1024  # a longer line is parsed every time (it is no kernel record)
+_CACHED_LINES = 4096
+
+
+class RepeatScanner:
+    """Scans log blocks for events, parsing each distinct message once.
+
+    A flood repeats one message with only its time stamp changing; the events of a message
+    seen before come from a bounded cache, so the flood costs a dictionary look-up a line,
+    not a parse and new objects. An event from the cache is the first line's (its
+    ``line`` is that line's): :class:`~gpuguard.checks.kernel_log.tally.IncidentTally`
+    keeps only an incident's first line anyway; ``forget`` after dropping incidents.
+    """
+
+    def __init__(self) -> None:
+        self._parsed: dict[bytes, tuple[KernelEvent, ...]] = {}
+
+    def events(self, block: bytes) -> Iterator[KernelEvent]:
+        parsed = self._parsed
+        for start, end in _relevant_spans(block):
+            line = block[start:end]
+            stamp = _STAMP.match(line)
+            key = line[stamp.end() :] if stamp else line
+            events = parsed.get(key)
+            if events is None:
+                events = tuple(
+                    e for part in split_record(_decoded(line)) if (e := parse_line(part))
+                )
+                if len(key) <= _CACHED_CHARS:
+                    if len(parsed) >= _CACHED_LINES:
+                        parsed.clear()
+                    parsed[key] = events
+            yield from events
+
+    def forget(self) -> None:
+        self._parsed.clear()
 
 
 def split_record(line: str) -> Iterable[str]:

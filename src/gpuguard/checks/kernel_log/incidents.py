@@ -129,77 +129,120 @@ _FATAL_WORDS = re.compile(
 )
 
 
+# A stored incident keeps its first line as a sample, at most this long (a kernel record
+# is under 1 KiB), and at most this many process names and NVLink names.
+SAMPLE_CHARS = 1024
+MAX_NAMES = 8
+
+# An incident's key: what it is about. ("app", code, device) for an application Xid (one
+# finding per code over every GPU), ("xid", code, device, caused_by) for a hardware Xid,
+# ("driver", kind, component) for the driver's other messages, ("sxid", code, switch),
+# ("efa", code, device) and ("kernel", code).
+IncidentKey = tuple[object, ...]
+
+
 @dataclass
-class _Group:
-    """Lines that make up one incident."""
+class Incident:
+    """Every line of one incident, counted: its first line, when it was first and last
+    seen, how many lines, and what its lines named (bounded)."""
 
     first: KernelEvent
+    device: str  # the device it is about (a driver message's borrowed from the line before)
+    first_at: float
+    last_at: float
     lines: int = 0
-    devices: list[str] = field(default_factory=list)
     processes: list[str] = field(default_factory=list)
+    more_processes: bool = False
     followers: set[int] = field(default_factory=set)
+    fatal: KernelEvent | None = None  # SXid: its first fatal line
+    links: set[str] = field(default_factory=set)  # SXid: the NVLinks its lines name
 
-    def add(self, event: KernelEvent) -> None:
+    def add(self, event: KernelEvent, now: float) -> None:
         self.lines += 1
-        if event.device not in self.devices:
-            self.devices.append(event.device)
+        self.last_at = now
         who = _process_label(event)
         if who and who not in self.processes:
-            self.processes.append(who)
+            if len(self.processes) < MAX_NAMES:
+                self.processes.append(who)
+            else:
+                self.more_processes = True
 
 
-def findings_for_events(events: Sequence[KernelEvent], source: str) -> list[Finding]:
-    """One finding per incident, in the order incidents first appear."""
-    findings: list[Finding] = []
-    findings += _xid_findings([e for e in events if e.kind == "xid"], source)
-    findings += _driver_findings(events, source)
-    findings += _sxid_findings([e for e in events if e.kind == "sxid"], source)
-    findings += _efa_findings([e for e in events if e.kind == "efa"], source)
-    findings += _kernel_findings([e for e in events if e.kind == "kernel"], source)
-    return findings
+def sample(event: KernelEvent) -> KernelEvent:
+    """``event`` with its line and text cut to :data:`SAMPLE_CHARS`, to be kept."""
+    if len(event.line) <= SAMPLE_CHARS and len(event.text) <= SAMPLE_CHARS:
+        return event
+    return replace(event, line=event.line[:SAMPLE_CHARS], text=event.text[:SAMPLE_CHARS])
 
 
-def _xid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
-    app_groups: dict[int, _Group] = {}
-    hw_groups: dict[tuple[int, str], _Group] = {}
-    last_app: _Group | None = None
-    seen = {(e.code, e.device) for e in events}
-    for event in events:
+def key_for(event: KernelEvent, device: str, last_app: int | None) -> IncidentKey | None:
+    """The incident a line belongs to (``device``: the one it is about; ``last_app``: the
+    latest application Xid's code, which Xid 43/45 lines follow); None: no incident."""
+    kind = event.kind
+    if kind == "xid":
         code = event.code if event.code is not None else -1
         if code in _FOLLOWERS and event.caused_by is None and last_app is not None:
-            last_app.followers.add(code)
-            last_app.add(event)
-            continue
+            return ("app", last_app, device)
         if code == 45 and event.caused_by is not None:
-            if (event.caused_by, event.device) in seen:
-                continue  # the Xid it names is in this log and speaks for itself
-            key = (code, event.device)
-            hw_groups.setdefault(key, _Group(event)).add(event)
-            continue
-        if rule_for(code).application:
-            group = app_groups.setdefault(code, _Group(event))
-            group.add(event)
-            last_app = group
-        else:
-            hw_groups.setdefault((code, event.device), _Group(event)).add(event)
-    findings = [_app_incident(code, group, source) for code, group in app_groups.items()]
-    findings += [_hardware_xid(group, source) for group in hw_groups.values()]
+            return ("xid", code, device, event.caused_by)
+        return ("app", code, device) if rule_for(code).application else ("xid", code, device, None)
+    if kind in DRIVER_RULES:
+        layer = DRIVER_RULES[kind][0]
+        return ("driver", kind, gpu_or_node(device) if layer is Layer.GPU else NODE)
+    if kind == "sxid":
+        return ("sxid", event.code, device)
+    if kind == "efa":
+        rule = next((r for r in EFA_RULES if event.text.startswith(r[0])), None)
+        return None if rule is None else ("efa", rule[1], device)
+    if kind == "kernel":
+        return ("kernel", _kernel_rule(event)[1])
+    return None
+
+
+def incident_findings(
+    incidents: Sequence[tuple[IncidentKey, Incident]], source: str
+) -> list[Finding]:
+    """One finding per incident (application Xids: per code), in the order incidents first
+    appeared: Xids, the driver's other messages, SXids, EFA, the kernel's own."""
+    by_kind: dict[object, list[tuple[IncidentKey, Incident]]] = {}
+    for key, incident in incidents:
+        by_kind.setdefault(key[0], []).append((key, incident))
+    xids = {(key[1], gpu(i.device).id) for key, i in incidents if key[0] in ("app", "xid")}
+    app: dict[int, list[Incident]] = {}
+    for key, incident in by_kind.get("app", []):
+        assert isinstance(key[1], int)
+        app.setdefault(key[1], []).append(incident)
+    findings = [_app_incident(code, group, source) for code, group in app.items()]
+    for key, incident in by_kind.get("xid", []):
+        cause = key[3]
+        if cause is not None and (cause, gpu(incident.device).id) in xids:
+            continue  # the Xid it names is in this log and speaks for itself
+        findings.append(_hardware_xid(incident, source))
+    for key, incident in by_kind.get("driver", []):
+        finding = _driver_finding(str(key[1]), incident, source)
+        if (SAME_AS_XID.get(finding.code), finding.component.id) not in xids:
+            findings.append(finding)  # else the Xid of the same GPU speaks for it
+    findings += [_sxid_finding(i, source) for _, i in by_kind.get("sxid", [])]
+    findings += [_efa_finding(str(key[1]), i, source) for key, i in by_kind.get("efa", [])]
+    findings += [_kernel_finding(i, source) for _, i in by_kind.get("kernel", [])]
     return findings
 
 
-def _app_incident(code: int, group: _Group, source: str) -> Finding:
-    base = xid_finding(
-        code, gpu_or_node(group.first.device), source, group.first.line, group.first.text
-    )
+def _app_incident(code: int, group: list[Incident], source: str) -> Finding:
+    first = group[0].first
+    base = xid_finding(code, gpu_or_node(group[0].device), source, first.line, first.text)
     parts = [f"Xid {code} ({rule_for(code).description}): one application incident"]
     parts.append(
-        f"{group.lines} line(s) on {len(group.devices)} GPU(s) "
-        + ", ".join(gpu_or_node(d).id for d in group.devices)
+        f"{sum(i.lines for i in group)} line(s) on {len(group)} GPU(s) "
+        + ", ".join(gpu_or_node(i.device).id for i in group)
     )
-    if group.followers:
-        parts.append("followed by Xid " + "/".join(str(c) for c in sorted(group.followers)))
-    if group.processes:
-        parts.append("process " + ", ".join(group.processes))
+    followers = set().union(*(i.followers for i in group))
+    if followers:
+        parts.append("followed by Xid " + "/".join(str(c) for c in sorted(followers)))
+    processes = list(dict.fromkeys(p for i in group for p in i.processes))
+    if processes:
+        more = len(processes) > MAX_NAMES or any(i.more_processes for i in group)
+        parts.append("process " + ", ".join(processes[:MAX_NAMES]) + (" and more" if more else ""))
     return Finding(
         layer=base.layer,
         code=base.code,
@@ -209,14 +252,14 @@ def _app_incident(code: int, group: _Group, source: str) -> Finding:
         component=base.component,
         source=source,
         message="; ".join(parts),
-        evidence=group.first.line,
+        evidence=first.line,
     )
 
 
-def _hardware_xid(group: _Group, source: str) -> Finding:
-    event = group.first
+def _hardware_xid(incident: Incident, source: str) -> Finding:
+    event = incident.first
     code = event.code if event.code is not None else -1
-    component = gpu_or_node(event.device)
+    component = gpu_or_node(incident.device)
     if code == 45 and event.caused_by is not None:
         followed = xid_finding(event.caused_by, component, source, event.line)
         return Finding(
@@ -233,134 +276,79 @@ def _hardware_xid(group: _Group, source: str) -> Finding:
             evidence=event.line,
         )
     finding = xid_finding(code, component, source, event.line, event.text)
-    if group.lines > 1:
-        finding = replace(finding, message=f"{finding.message} ({group.lines} lines)")
+    if incident.lines > 1:
+        finding = replace(finding, message=f"{finding.message} ({incident.lines} lines)")
     return finding
 
 
-def _driver_findings(events: Sequence[KernelEvent], source: str) -> list[Finding]:
-    """Findings for the driver's other messages, one per kind and component.
-
-    A message that names no GPU on its own line borrows the GPU from the line of the same
-    message just before it; one that names none at all is about the node: a GPU that fell
-    off the bus is a fault whether or not we can tell which one.
-    """
-    xids = {(e.code, gpu(e.device).id) for e in events if e.kind == "xid"}
-    findings: dict[tuple[str, Component], Finding] = {}
-    for event, device in zip(events, devices_named(events), strict=True):
-        rule = DRIVER_RULES.get(event.kind)
-        if rule is None:
-            continue
-        layer, code, severity, action = rule
-        component = gpu_or_node(device) if layer is Layer.GPU else NODE
-        if (SAME_AS_XID.get(code), component.id) in xids:
-            continue  # the Xid of the same GPU speaks for it
-        key = (code, component)
-        if key not in findings:
-            findings[key] = Finding(
-                layer,
-                code,
-                severity,
-                action,
-                component,
-                source,
-                _driver_message(code, component, device),
-                event.line,
-            )
-    return list(findings.values())
+def _driver_finding(kind: str, incident: Incident, source: str) -> Finding:
+    """A driver message that names no GPU on its own line borrows the GPU from the line of
+    the same message just before it; one that names none at all is about the node: a GPU
+    that fell off the bus is a fault whether or not we can tell which one."""
+    layer, code, severity, action = DRIVER_RULES[kind]
+    component = gpu_or_node(incident.device) if layer is Layer.GPU else NODE
+    who = component.id if incident.device else "a GPU the message does not name"
+    message = _DRIVER_MESSAGES[code].format(who=who)
+    return Finding(layer, code, severity, action, component, source, message, incident.first.line)
 
 
-def devices_named(events: Sequence[KernelEvent]) -> list[str]:
-    """The device each event is about: its own, or for a driver message whose line names
-    none, the GPU the line of the same message just before it named ("" when neither)."""
-    devices: list[str] = []
-    named: tuple[int, str] | None = None  # (index, address) of the last line naming a GPU
-    for index, event in enumerate(events):
-        device = event.device
-        if event.kind == "gpu_named":
-            named = (index, device)
-        elif not device and event.kind in DRIVER_RULES and named is not None:
-            device = named[1] if index - named[0] <= _NAMED_WITHIN else ""
-        devices.append(device)
-    return devices
+def _sxid_finding(incident: Incident, source: str) -> Finding:
+    first, fatal = incident.first, incident.fatal is not None
+    links = sorted(incident.links)
+    component = Component("nvswitch", gpu(incident.device).id)
+    return Finding(
+        layer=Layer.GPU,
+        code=f"SXID_{first.code}",
+        # A fatal NVSwitch error takes the fabric down for every GPU: the node must
+        # restart (fabric manager included); non-fatal ones are worth watching.
+        severity=Severity.CRITICAL if fatal else Severity.WARNING,
+        action=Action.REBOOT if fatal else Action.NONE,
+        component=component,
+        source=source,
+        message=(
+            f"NVSwitch SXid {first.code} on {first.process or 'a switch'} ({component.id}), "
+            f"{'fatal' if fatal else 'non-fatal'}" + (f": {', '.join(links)}" if links else "")
+        ),
+        evidence=(incident.fatal or first).line,
+    )
 
 
-def _driver_message(code: str, component: Component, device: str) -> str:
-    who = component.id if device else "a GPU the message does not name"
-    return _DRIVER_MESSAGES[code].format(who=who)
+def sxid_details(event: KernelEvent, incident: Incident) -> None:
+    """What an SXid line adds to its incident: whether it is fatal, the link it names."""
+    if incident.fatal is None and _SXID_FATAL.match(event.text):
+        incident.fatal = sample(event)
+    # "Fatal, Link 48 LTSSM Fault Up": the part after the first comma names the link.
+    if (m := _SXID_LINK.search(event.text)) is not None and len(incident.links) < 4 * MAX_NAMES:
+        incident.links.add(m[1][:64])
 
 
-def _sxid_findings(events: list[KernelEvent], source: str) -> list[Finding]:
-    groups: dict[tuple[int | None, str], list[KernelEvent]] = {}
-    for event in events:
-        groups.setdefault((event.code, event.device), []).append(event)
-    findings = []
-    for (code, device), lines in groups.items():
-        fatal = any(_SXID_FATAL.match(e.text) for e in lines)
-        # "Fatal, Link 48 LTSSM Fault Up": the part after the first comma names the link.
-        links = sorted({m[1] for e in lines if (m := _SXID_LINK.search(e.text))})
-        component = Component("nvswitch", gpu(device).id)
-        findings.append(
-            Finding(
-                layer=Layer.GPU,
-                code=f"SXID_{code}",
-                # A fatal NVSwitch error takes the fabric down for every GPU: the node must
-                # restart (fabric manager included); non-fatal ones are worth watching.
-                severity=Severity.CRITICAL if fatal else Severity.WARNING,
-                action=Action.REBOOT if fatal else Action.NONE,
-                component=component,
-                source=source,
-                message=(
-                    f"NVSwitch SXid {code} on {lines[0].process or 'a switch'} ({component.id}), "
-                    f"{'fatal' if fatal else 'non-fatal'}"
-                    + (f": {', '.join(links)}" if links else "")
-                ),
-                evidence=next((e.line for e in lines if _SXID_FATAL.match(e.text)), lines[0].line),
-            )
-        )
-    return findings
+def _efa_finding(code: str, incident: Incident, source: str) -> Finding:
+    _, _, severity, action = next(r for r in EFA_RULES if r[1] == code)
+    event = incident.first
+    return Finding(
+        layer=Layer.NETWORK,
+        code=code,
+        severity=severity,
+        action=action,
+        component=nic(incident.device),
+        source=source,
+        message=f"EFA device {incident.device}: {event.text}",
+        evidence=event.line,
+    )
 
 
-def _efa_findings(events: list[KernelEvent], source: str) -> list[Finding]:
-    findings: dict[tuple[str, str], Finding] = {}
-    for event in events:
-        for prefix, code, severity, action in EFA_RULES:
-            if event.text.startswith(prefix):
-                key = (code, event.device)
-                if key not in findings:
-                    findings[key] = Finding(
-                        layer=Layer.NETWORK,
-                        code=code,
-                        severity=severity,
-                        action=action,
-                        component=nic(event.device),
-                        source=source,
-                        message=f"EFA device {event.device}: {event.text}",
-                        evidence=event.line,
-                    )
-                break
-    return list(findings.values())
+def _kernel_rule(event: KernelEvent) -> tuple[Layer, str, Severity, Action]:
+    rule = next((r for kind, r in KERNEL_RULES.items() if event.text.startswith(kind)), None)
+    if rule is None:
+        rule = MACHINE_CHECK_FATAL if machine_check_is_fatal(event.line) else MACHINE_CHECK
+    return rule
 
 
-def _kernel_findings(events: list[KernelEvent], source: str) -> list[Finding]:
-    findings: dict[str, Finding] = {}
-    for event in events:
-        rule = next((r for kind, r in KERNEL_RULES.items() if event.text.startswith(kind)), None)
-        if rule is None:
-            rule = MACHINE_CHECK_FATAL if machine_check_is_fatal(event.line) else MACHINE_CHECK
-        layer, code, severity, action = rule
-        if code not in findings:
-            findings[code] = Finding(
-                layer,
-                code,
-                severity,
-                action,
-                NODE,
-                source,
-                f"kernel reported: {event.text}",
-                event.line,
-            )
-    return list(findings.values())
+def _kernel_finding(incident: Incident, source: str) -> Finding:
+    event = incident.first
+    layer, code, severity, action = _kernel_rule(event)
+    message = f"kernel reported: {event.text}"
+    return Finding(layer, code, severity, action, NODE, source, message, event.line)
 
 
 def machine_check_is_fatal(text: str) -> bool:

@@ -1,0 +1,107 @@
+"""Kernel log events folded into counted incidents, in memory bounded whatever the log.
+
+A log line is not kept: it is counted in its incident (per code and GPU for an Xid, see
+``incidents.key_for``), which keeps its first line as a sample, when it was first and last
+seen and how many lines it had. A flood of a million Xid 13 lines is one incident with a
+count, not a million lines. At most :data:`MAX_INCIDENTS` are kept; past that the least
+recently seen ones that are not critical make room (application faults first), and when
+every one is critical the new line is only counted as dropped: the node is unhealthy
+anyway, and no fault the driver reports as fatal is ever made to read healthy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from gpuguard.checks.kernel_log.incidents import (
+    _NAMED_WITHIN,
+    DRIVER_RULES,
+    Incident,
+    IncidentKey,
+    incident_findings,
+    key_for,
+    sample,
+    sxid_details,
+)
+from gpuguard.checks.kernel_log.messages import KernelEvent
+from gpuguard.model import Finding, Severity
+
+MAX_INCIDENTS = 512
+_EVICT_AT_ONCE = 64  # room made in one go, so that a flood of new keys stays cheap
+
+
+class IncidentTally:
+    def __init__(self, limit: int = MAX_INCIDENTS) -> None:
+        self._limit = limit
+        self._incidents: dict[IncidentKey, Incident] = {}
+        self._index = 0  # events seen, for the GPU a driver message borrows
+        self._named: tuple[int, str] | None = None  # (index, address) of the last GPU named
+        self._last_app: int | None = None  # the latest application Xid's code
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._incidents)
+
+    def add(self, event: KernelEvent, now: float) -> None:
+        """Count one event (in log order)."""
+        self._index += 1
+        device = event.device
+        if event.kind == "gpu_named":
+            self._named = (self._index, device)
+            return
+        if not device and event.kind in DRIVER_RULES and self._named is not None:
+            index, named = self._named
+            device = named if self._index - index <= _NAMED_WITHIN else ""
+        key = key_for(event, device, self._last_app)
+        if key is None:
+            return
+        incident = self._incidents.get(key)
+        if incident is None:
+            if len(self._incidents) >= self._limit and not self._make_room():
+                self.dropped += 1
+                return
+            incident = self._incidents[key] = Incident(sample(event), device, now, now)
+        incident.add(event, now)
+        if key[0] == "app":
+            assert isinstance(key[1], int)
+            self._last_app = key[1]
+            if event.code != key[1] and event.code is not None:
+                incident.followers.add(event.code)
+        elif key[0] == "sxid":
+            sxid_details(event, incident)
+
+    def drop(self, unwanted: Callable[[IncidentKey, Incident], bool]) -> bool:
+        """Forget the incidents ``unwanted`` names; True when there were any."""
+        gone = [key for key, incident in self._incidents.items() if unwanted(key, incident)]
+        for key in gone:
+            del self._incidents[key]
+        if self._last_app is not None and not any(
+            k[0] == "app" and k[1] == self._last_app for k in self._incidents
+        ):
+            self._last_app = None
+        return bool(gone)
+
+    def findings(self, source: str) -> list[Finding]:
+        return incident_findings(list(self._incidents.items()), source)
+
+    def _make_room(self) -> bool:
+        def rank(item: tuple[IncidentKey, Incident]) -> tuple[bool, float]:
+            return item[0][0] != "app", item[1].last_at
+
+        candidates = sorted(self._incidents.items(), key=rank)
+        evictable = [key for key, i in candidates if not self._critical(key, i)]
+        for key in evictable[:_EVICT_AT_ONCE]:
+            del self._incidents[key]
+        return bool(evictable)
+
+    def _critical(self, key: IncidentKey, incident: Incident) -> bool:
+        found = incident_findings([(key, incident)], "")
+        return any(f.severity is Severity.CRITICAL for f in found)
+
+
+def findings_for_events(events: Iterable[KernelEvent], source: str) -> list[Finding]:
+    """One finding per incident of ``events`` (a whole log), in the order they appear."""
+    tally = IncidentTally()
+    for event in events:
+        tally.add(event, 0.0)
+    return tally.findings(source)
