@@ -4,6 +4,9 @@ The binaries come from ``hack/testenv`` (built from their Go modules into a cach
 the repository). Certificates are generated per run: a CA, the API server's serving
 certificate, an admin client certificate in ``system:masters``, and the service-account
 signing key, so ServiceAccount tokens can be requested through the TokenRequest API.
+With ``audit=True`` the API server also writes an audit log of every write
+(tests/support/audit.py reads it), and :meth:`ControlPlane.client_kubeconfig` gives each
+client a certificate of its own, so that log tells the clients apart.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+
+from tests.support.audit import AUDIT_POLICY
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120
@@ -135,10 +140,13 @@ def _builder(
 
 
 class ControlPlane:
-    """etcd + kube-apiserver under a temporary directory; ``stop`` always cleans up."""
+    """etcd + kube-apiserver under a temporary directory; ``stop`` always cleans up.
 
-    def __init__(self, workdir: Path, bin_dir: Path) -> None:
+    ``audit``: log every write (level Request, JSON lines) to ``audit_log``."""
+
+    def __init__(self, workdir: Path, bin_dir: Path, *, audit: bool = False) -> None:
         self.workdir = workdir
+        self.audit_log = workdir / "audit.log" if audit else None
         self.bin = bin_dir
         self.certs = Certificates(workdir / "pki")
         self.etcd_port = free_port()
@@ -160,12 +168,20 @@ class ControlPlane:
         terminate(self._etcd)
         self._etcd = None
 
+    @property
+    def apiserver_pid(self) -> int:
+        """The running kube-apiserver's process id (for tests that freeze it)."""
+        if self._apiserver is None:
+            raise RuntimeError("kube-apiserver is not running")
+        return self._apiserver.pid
+
     def start_apiserver(self) -> None:
         certs = self.certs
         log = (self.workdir / "kube-apiserver.log").open("ab")
         self._apiserver = subprocess.Popen(
             [
                 str(self.bin / "kube-apiserver"),
+                *self._audit_flags(),
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
@@ -193,6 +209,18 @@ class ControlPlane:
     def stop_apiserver(self) -> None:
         terminate(self._apiserver)
         self._apiserver = None
+
+    def _audit_flags(self) -> list[str]:
+        if self.audit_log is None:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        # The log backend's default mode, blocking: an answered write is already logged.
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+        ]
 
     def _start_etcd(self) -> None:
         log = (self.workdir / "etcd.log").open("ab")
@@ -241,13 +269,25 @@ class ControlPlane:
         return context
 
     def kubeconfig_for_admin(self) -> dict[str, Any]:
+        return self._kubeconfig_for_certificate("admin")
+
+    def client_kubeconfig(self, user: str) -> Path:
+        """A kubeconfig file for a client of its own: a certificate with ``user`` as its
+        name (the audit log's user name), in ``system:masters``."""
+        stem = f"client-{user}"
+        self.certs.issue(stem, user, organization="system:masters")
+        path = self.workdir / f"{stem}.kubeconfig"
+        path.write_text(yaml.safe_dump(self._kubeconfig_for_certificate(stem)))
+        return path
+
+    def _kubeconfig_for_certificate(self, stem: str) -> dict[str, Any]:
         certs = self.certs
         return _kubeconfig(
             self.url,
             certs.path("ca.crt"),
             {
-                "client-certificate-data": _b64(certs.path("admin.crt").read_bytes()),
-                "client-key-data": _b64(certs.path("admin.key").read_bytes()),
+                "client-certificate-data": _b64(certs.path(f"{stem}.crt").read_bytes()),
+                "client-key-data": _b64(certs.path(f"{stem}.key").read_bytes()),
             },
         )
 
