@@ -1,36 +1,44 @@
 """The agent's repair executor on the real API server: woken by a watch of its node's
 NodeRemediations rather than by polling, polling where RBAC refuses the watch, an answer
-that could not be written is written later without repeating the repair, and a reboot
-waits until its answer can be written."""
+that could not be written is written later without repeating the repair, a reboot
+waits until its answer can be written, one unreadable request silences nothing, and an
+agent killed mid-repair answers the repair after its restart instead of repeating it."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.kube import remediations
-from gpuguard.kube.rest import KubeApi, load_api
+from gpuguard.kube.rest import KubeApi, KubeRefused, load_api
 from gpuguard.model import Action
 from gpuguard.remediation.model import Episode, Phase
-from tests.support.cluster import wait_for
+from tests.support.cluster import CRDS, wait_for
 from tests.support.controllers import Running, node_name
-from tests.support.controlplane import ControlPlane
+from tests.support.controlplane import REPO, ControlPlane
 
 GPU = "0000:91:00.0"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
+CRD_FILE = REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml"
 
 
-def request_action(api: KubeApi, node: str, action: Action = Action.RESET_GPU) -> str:
+def request_action(
+    api: KubeApi, node: str, action: Action = Action.RESET_GPU, *, age_s: float = 0.0
+) -> str:
     """What the controller writes: an episode in ACTING with a request (RESET_GPU of one
-    GPU unless told otherwise)."""
-    ep = Episode(node=node, opened_at=time.time(), phase=Phase.ACTING, rung=action)
+    GPU unless told otherwise), opened ``age_s`` ago."""
+    opened = time.time() - age_s
+    ep = Episode(node=node, opened_at=opened, phase=Phase.ACTING, rung=action)
     ep.attempts = {action: 1}
     gpus = (GPU,) if action is Action.RESET_GPU else ()
     remediations.save_episode(api, ep, new=True)
@@ -103,9 +111,11 @@ def limited_account(api: KubeApi, namespace: str, control_plane: ControlPlane, t
         api.delete(f"{RBAC}/clusterroles/{role}")
 
 
-def test_without_watch_rights_it_polls_and_an_unwritten_answer_is_written_later(
+def test_without_watch_rights_it_polls_and_acts_once_it_can_mark_the_attempt(
     api, limited_account, tmp_path, caplog
 ):
+    # The attempt is marked on the object before it begins (a restarted agent must find
+    # it): a mark the API server refuses means no reset yet, and a later read tries again.
     kubeconfig, grant = limited_account
     node, repairs = node_name(), tmp_path / "repairs.log"
     name = request_action(api, node)
@@ -114,14 +124,13 @@ def test_without_watch_rights_it_polls_and_an_unwritten_answer_is_written_later(
         load_api(kubeconfig) as client,
     ):
         running = Running(executor_for(client, node, repairs, poll_s=0.2).run)
-        wait_for(repairs.exists, 10, "the reset, found by polling")
-        wait_for(lambda: failed_reads(caplog) >= 3, 10, "several polls, each refused the answer")
-        assert answer(api, name) is None
+        wait_for(lambda: failed_reads(caplog) >= 3, 10, "several polls, each mark refused")
+        assert not repairs.exists(), "reset without a mark a restart would find"
         grant("noderemediations/status", ["patch"])
         result = wait_for(lambda: answer(api, name), 10, "the answer, once allowed")
         running.halt()
     assert result["succeeded"] is True
-    assert repairs.read_text() == f"reset {GPU}\n", "the repair must not be repeated"
+    assert repairs.read_text() == f"reset {GPU}\n"
     warnings = [r.getMessage() for r in caplog.records if "cannot watch" in r.getMessage()]
     assert len(warnings) == 1 and "403" in warnings[0], warnings
 
@@ -154,3 +163,170 @@ def namespace(api: KubeApi) -> Iterator[str]:
     api.create("/api/v1/namespaces", {"metadata": {"name": name}})
     yield name
     api.delete(f"/api/v1/namespaces/{name}")
+
+
+# --- one unreadable request, a failing repair hook (chaos_findings F10) ----------------
+
+
+def without_patterns(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: without_patterns(v) for k, v in schema.items() if k != "pattern"}
+    if isinstance(schema, list):
+        return [without_patterns(item) for item in schema]
+    return schema
+
+
+def written(api: KubeApi, path: str, status: dict[str, Any]) -> bool:
+    try:
+        api.patch(path, {"status": status})
+    except KubeRefused:
+        return False
+    return True
+
+
+COMMA_TIME = "2026-12-01T08:00:00,5Z"
+
+
+@pytest.fixture
+def crd_of_an_older_chart(api: KubeApi) -> Iterator[None]:
+    """The CRD as a chart from before the time patterns installed it (Helm never upgrades
+    a CRD): the API server stores ``…T08:00:00,5Z``, which gpuguard cannot read."""
+    path = CRDS.path(f"{remediations.PLURAL}.gpuguard.io")
+    probe = remediations.NODE_REMEDIATIONS.path(request_action(api, node_name()), sub="status")
+    tries = iter(range(10**6))
+
+    def comma_time_stored() -> bool:  # a new value each time: an unchanged one is let by
+        return written(api, probe, {"phaseSince": f"2026-12-01T08:00:00,{next(tries)}Z"})
+
+    current = api.get(path)
+    api.replace(path, {**current, "spec": without_patterns(current["spec"])})
+    wait_for(comma_time_stored, 20, "the older schema")
+    yield
+    current = api.get(path)  # its resourceVersion moved on
+    api.replace(path, {**current, "spec": yaml.safe_load(CRD_FILE.read_text())["spec"]})
+    wait_for(lambda: not comma_time_stored(), 20, "the schema back")
+
+
+def unreadable_request(api: KubeApi, node: str, phase: str, age_s: float) -> str:
+    name = request_action(api, node, age_s=age_s)
+    request = {"action": "RESET_GPU", "attempt": 1, "requestedAt": COMMA_TIME}
+    path = remediations.NODE_REMEDIATIONS.path(name, sub="status")
+    assert written(api, path, {"phase": phase, "request": request})
+    return name
+
+
+def test_an_unreadable_request_is_skipped_and_the_next_one_answered(
+    api, control_plane, crd_of_an_older_chart, tmp_path, caplog
+):
+    node, repairs = node_name(), tmp_path / "repairs.log"
+    closed = unreadable_request(api, node, "Closed", age_s=200)
+    odd = unreadable_request(api, node, "Acting", age_s=100)
+    with caplog.at_level(logging.WARNING, logger="gpuguard"):
+        assert remediations.pending_request_for(api, node) is None
+        with load_api(control_plane.admin_kubeconfig) as client:
+            running = Running(executor_for(client, node, repairs, poll_s=0.2).run)
+            name = request_action(api, node)
+            result = wait_for(lambda: answer(api, name), 10, "the good request answered")
+            running.halt()
+    assert result["succeeded"] is True and repairs.read_text() == f"reset {GPU}\n"
+    assert answer(api, odd) is None
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any(odd in line and "status.request.requestedAt" in line for line in said), said
+    assert not any(closed in line for line in said), "a closed episode is not read at all"
+
+
+def test_the_repair_thread_outlives_an_exception_and_answers(api, control_plane, tmp_path):
+    node, repairs = node_name(), tmp_path / "repairs.log"
+    calls: list[Action] = []
+
+    def after_repair(action: Action, *_: object) -> None:
+        calls.append(action)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in what follows a repair")
+
+    with load_api(control_plane.admin_kubeconfig) as client:
+        executor = RepairExecutor(client, node, BundleRepair(repairs), after_repair, poll_s=0.2)
+        running = Running(executor.run)
+        first = request_action(api, node, age_s=100)
+        assert wait_for(lambda: answer(api, first), 10, "the first answer")["succeeded"]
+        second = request_action(api, node)
+        assert wait_for(lambda: answer(api, second), 10, "the next answer")["succeeded"]
+        running.halt()
+    assert repairs.read_text() == f"reset {GPU}\n" * 2 and len(calls) == 2
+
+
+# --- a repair is never done twice because of a restart (chaos_findings F6) -------------
+
+AGENT = """
+import logging, sys, threading
+from gpuguard.agent.repair import NvidiaSmiRepair, RepairExecutor
+from gpuguard.kube.rest import load_api
+logging.basicConfig(level=logging.INFO)
+kubeconfig, node, nvidia_smi = sys.argv[1:]
+with load_api(kubeconfig) as api:
+    backend = NvidiaSmiRepair(nvidia_smi, None)
+    RepairExecutor(api, node, backend, lambda *_: None, poll_s=0.2).run(threading.Event())
+"""
+
+
+def slow_nvidia_smi(directory: Path) -> tuple[Path, Path]:
+    """A stand-in for ``nvidia-smi -r`` (4 s on a real GPU): logs its start and its end."""
+    tool, log = directory / "nvidia-smi", directory / "resets.log"
+    tool.write_text(f'#!/bin/sh\necho "start $*" >> {log}\nsleep 2\necho "done $*" >> {log}\n')
+    tool.chmod(0o755)
+    return tool, log
+
+
+def lines(path: Path, word: str) -> int:
+    return path.read_text().split().count(word) if path.exists() else 0
+
+
+def test_an_agent_killed_during_a_reset_answers_it_after_restarting_and_never_repeats_it(
+    api, control_plane, tmp_path
+):
+    node = node_name()
+    tool, resets = slow_nvidia_smi(tmp_path)
+    name = request_action(api, node)
+    argv = [sys.executable, "-c", AGENT, str(control_plane.admin_kubeconfig), node, str(tool)]
+    agents = [subprocess.Popen(argv, cwd=REPO)]
+    try:
+        wait_for(lambda: lines(resets, "start") == 1, 10, "the reset started")
+        agents[0].kill()  # SIGKILL mid-reset; the reset itself goes on
+        agents[0].wait()
+        assert answer(api, name) is None
+        agents.append(subprocess.Popen(argv, cwd=REPO))
+        result = wait_for(lambda: answer(api, name), 10, "the restarted agent's answer")
+        wait_for(lambda: lines(resets, "done") >= 1, 10, "the first reset's end")
+    finally:
+        for agent in agents:
+            agent.kill()
+            agent.wait()
+    assert lines(resets, "start") == 1, resets.read_text()
+    assert result["action"] == "RESET_GPU" and result["succeeded"] is False
+    assert "interrupted" in result["message"] and "not repeated" in result["message"]
+
+
+def begun_reboot(api: KubeApi, node: str, boot_id: str) -> str:
+    """A REBOOT request the agent marked as begun (on boot ``boot_id``), never answered."""
+    name = request_action(api, node, Action.REBOOT)
+    mark = {"action": "REBOOT", "attempt": 1, "at": "2026-12-01T08:00:00Z", "bootID": boot_id}
+    api.patch(
+        remediations.NODE_REMEDIATIONS.path(name, sub="status"), {"status": {"started": mark}}
+    )
+    return name
+
+
+@pytest.mark.parametrize(
+    ("boot_now", "succeeded", "words"),
+    [("boot-2", True, "boot id changed"), ("boot-1", False, "interrupted")],
+)
+def test_a_begun_reboot_is_answered_by_the_boot_id(api, tmp_path, boot_now, succeeded, words):
+    node, repairs = node_name(), tmp_path / "repairs.log"
+    name = begun_reboot(api, node, "boot-1")
+    executor = RepairExecutor(api, node, BundleRepair(repairs), lambda *_: None, boot_id=boot_now)
+    executor.poll_once()
+    result = answer(api, name)
+    assert result is not None and result["succeeded"] is succeeded, result
+    assert words in result["message"]
+    assert not repairs.exists(), "a begun reboot is never started again"
+    assert executor.poll_once() is None and not repairs.exists()

@@ -28,8 +28,11 @@ from gpuguard.contract.conditions import OWNED_TYPES
 from gpuguard.contract.keys import MEMORY_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.errors import KubeRejected
+from gpuguard.kube.remediations import NODE_REMEDIATIONS, object_name, save_episode, set_request
 from gpuguard.kube.rest import load_api
-from tests.support.cluster import wait_for
+from gpuguard.model import Action
+from gpuguard.remediation.model import Episode, Phase
+from tests.support.cluster import install_crds, wait_for
 from tests.support.controlplane import REPO, ControlPlane
 
 CHART = REPO / "deploy" / "helm" / "gpuguard"
@@ -744,3 +747,66 @@ def test_agent_client_is_refused_another_node(control_plane, agent_api):
             instance=f"gpuguard.io/agent/{NODE_A}",
             action="HealthChanged",
         )
+
+
+# --- the agent's own NodeRemediations: status.result and status.started only ------------
+
+REMEDIATIONS_POLICY = "gpuguard-own-remediations"
+
+
+@pytest.fixture(scope="module")
+def episodes(control_plane: ControlPlane, agent: Caller) -> Iterator[dict[str, str]]:
+    """An open RESET_GPU episode on each node, as the controller writes it; returned once
+    the remediations policy is observed refusing the agent node B's."""
+    with load_api(control_plane.admin_kubeconfig) as admin:
+        install_crds(admin)
+        opened = float(int(time.time()))
+        names = {}
+        for node in (NODE_A, NODE_B):
+            ep = Episode(node=node, opened_at=opened, phase=Phase.ACTING, rung=Action.RESET_GPU)
+            ep.attempts = {Action.RESET_GPU: 1}
+            save_episode(admin, ep, new=True)
+            set_request(admin, ep, Action.RESET_GPU, 1, ("0000:91:00.0",), opened + 1)
+            names[node] = object_name(node, opened)
+        wait_for(
+            lambda: denied_by_policy(
+                agent("PATCH", episode_status(names[NODE_B]), started_patch(), MERGE),
+                REMEDIATIONS_POLICY,
+            ),
+            timeout_s=POLICY_ACTIVE_TIMEOUT_S,
+            what="the remediations policy to refuse a write to another node's episode",
+        )
+        yield names
+        for name in names.values():
+            admin.delete(NODE_REMEDIATIONS.path(name))
+
+
+def episode_status(name: str) -> str:
+    return NODE_REMEDIATIONS.path(name, sub="status")
+
+
+def started_patch(**more: Any) -> dict[str, Any]:
+    mark = {"action": "RESET_GPU", "attempt": 1, "at": "2026-12-01T08:00:00Z", "bootID": "b-1"}
+    return {"status": {"started": mark, **more}}
+
+
+def test_agent_marks_the_start_of_its_own_nodes_repair(agent, episodes):
+    code, body = agent("PATCH", episode_status(episodes[NODE_A]), started_patch(), MERGE)
+    assert code == 200, body
+    assert body["status"]["started"]["bootID"] == "b-1"
+    assert body["status"]["phase"] == "Acting"
+
+
+def test_agent_cannot_mark_another_nodes_repair(agent, episodes):
+    answer = agent("PATCH", episode_status(episodes[NODE_B]), started_patch(), MERGE)
+    assert denied_by_policy(answer, REMEDIATIONS_POLICY), answer
+
+
+@pytest.mark.parametrize(
+    "more",
+    [{"phase": "Verifying"}, {"attempts": {"RESET_GPU": 0}}, {"request": None}],
+)
+def test_agent_mark_carries_nothing_of_the_controllers(agent, episodes, more):
+    answer = agent("PATCH", episode_status(episodes[NODE_A]), started_patch(**more), MERGE)
+    assert denied_by_policy(answer, REMEDIATIONS_POLICY), answer
+    assert "may change only status.result and status.started" in str(answer[1]["message"])

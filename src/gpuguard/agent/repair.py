@@ -6,6 +6,12 @@ the result back into the same object. After a GPU reset the kernel-log faults of
 are considered handled and every check runs again at once, so the controller's verify step
 sees a fresh report within seconds.
 
+A repair is never done twice for one attempt, even across a restart of the agent: before
+it begins, the agent marks the attempt on the object (``status.started``, with the boot
+id). A restarted agent that finds its mark and no answer answers rather than repeating:
+a REBOOT whose boot id has changed happened; anything else was interrupted (failed, and
+not repeated: the controller's ladder decides the next attempt).
+
 The agent watches its node's NodeRemediations (field selector ``spec.nodeName``) and reads
 them when one changes, plus once a minute in case an event was missed: a fleet of 5,000
 agents polling every 2 s would be 2,500 lists a second on the API server. Where RBAC
@@ -23,12 +29,15 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuguard.clock import SYSTEM_CLOCK, Clock
+from gpuguard.contract.remediation import MAX_ID, Started
+from gpuguard.contract.times import format_time
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import (
     NODE_REMEDIATIONS,
     ActionRequest,
     pending_request_for,
     report_result,
+    report_started,
 )
 from gpuguard.kube.rest import Json, KubeApi, WatchEvent
 from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
@@ -39,6 +48,15 @@ log = logging.getLogger("gpuguard.agent")
 POLL_S = 2.0  # without the watch; also while a result waits to be written again
 RESYNC_S = 60.0  # with the watch: a read now and then, in case an event was missed
 RESET_TIMEOUT_S = 120.0
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def current_boot_id(path: Path = BOOT_ID) -> str:
+    """This boot's id (new at every boot), or "" where it cannot be read."""
+    try:
+        return path.read_text().strip()[:MAX_ID]
+    except OSError:
+        return ""
 
 
 class RepairBackend(Protocol):
@@ -112,6 +130,7 @@ class RepairExecutor:
         *,
         poll_s: float = POLL_S,
         resync_s: float = RESYNC_S,
+        boot_id: str | None = None,
     ) -> None:
         self.api = api
         self.node_name = node_name
@@ -120,8 +139,10 @@ class RepairExecutor:
         self.clock = clock  # stamps the results
         self.poll_s = poll_s
         self.resync_s = resync_s
+        self.boot_id = current_boot_id() if boot_id is None else boot_id
         self.watching = threading.Event()  # the watch is up: reads can be rare
-        self._done: set[tuple[str, str, int]] = set()
+        # Marked as begun by this process, not begun yet (a REBOOT whose answer failed).
+        self._marked: set[tuple[str, str, int]] = set()
         self._unsent: dict[tuple[str, str, int], ActionResult] = {}
 
     def run(self, stop: threading.Event) -> None:
@@ -138,6 +159,9 @@ class RepairExecutor:
                 failed = False
             except KubeError as exc:
                 log.warning("reading repair requests failed: %s", exc)
+                failed = True
+            except Exception:  # a bug, or input nothing foresaw: the next request still counts
+                log.exception("handling repair requests failed; trying again")
                 failed = True
             rare = self.watching.is_set() and not failed and not self._unsent
             wake.wait(self.resync_s if rare else self.poll_s)
@@ -185,17 +209,23 @@ class RepairExecutor:
         pending = pending_request_for(self.api, self.node_name)
         if pending is None:
             self._unsent.clear()  # nothing waits for an answer any more
+            self._marked.clear()
             return None
         name, request = pending
         key = (name, request.action.name, request.attempt)
         for stale in [k for k in self._unsent if k != key]:  # the controller moved on
             del self._unsent[stale]
-        if key in self._done:
-            unsent = self._unsent.get(key)
-            if unsent is not None:  # performed; its answer did not reach the API server
-                report_result(self.api, name, unsent)
-                del self._unsent[key]
+        unsent = self._unsent.get(key)
+        if unsent is not None:  # performed; its answer did not reach the API server
+            self._answer(key, name, unsent)
             return None
+        if request.started is not None and key not in self._marked:
+            result = self._begun_before(request, request.started)  # by an agent now gone
+            self._answer(key, name, result)
+            return result
+        if key not in self._marked:  # no mark, no action: a failed write is tried again
+            report_started(self.api, name, request, self.clock.now(), self.boot_id)
+            self._marked.add(key)
         log.info(
             "performing %s (attempt %d) on %s %s",
             request.action.name,
@@ -203,34 +233,46 @@ class RepairExecutor:
             self.node_name,
             ", ".join(request.gpus),
         )
-        self._done.add(key)
         if request.action is Action.REBOOT:
             # Answer first: once the reboot starts, this process may not get to write.
             # No answer, no reboot: the next read tries both again.
-            try:
-                report_result(self.api, name, self._result(request, True, "reboot started"))
-            except KubeError:
-                self._done.discard(key)
-                raise
+            report_result(self.api, name, self._result(request, True, "reboot started"))
+            self._marked.discard(key)
             ok, message = self.backend.reboot()
             if ok:
                 return None
             result = self._result(request, False, message)
         elif request.action is Action.RESET_GPU:
+            self._marked.discard(key)
             result = self._result(request, *self.backend.reset_gpus(request.gpus))
         else:
+            self._marked.discard(key)
             result = self._result(request, False, f"{request.action.name} is not an agent action")
+        self._unsent[key] = result  # answered at the next read if what follows fails
         if result.succeeded:
             self.after_repair(request.action, request.gpus, result.at)
         self._answer(key, name, result)
         return result
+
+    def _begun_before(self, request: ActionRequest, began: Started) -> ActionResult:
+        """The answer to a request an earlier agent process began and never answered."""
+        what = f"{request.action.name} attempt {request.attempt}"
+        rebooted = began.boot_id and self.boot_id and began.boot_id != self.boot_id
+        if request.action is Action.REBOOT and rebooted:
+            return self._result(request, True, f"{what}: rebooted (boot id changed)")
+        log.warning("%s on %s was begun before a restart: not repeated", what, self.node_name)
+        message = (
+            f"{what} was interrupted (begun {format_time(began.at)} by an agent that then "
+            "stopped); not repeated"
+        )
+        return self._result(request, False, message)
 
     def _answer(self, key: tuple[str, str, int], name: str, result: ActionResult) -> None:
         """Write the result; kept for the next read if the write fails (the action is
         never repeated, and the controller would otherwise time it out and escalate)."""
         self._unsent[key] = result
         report_result(self.api, name, result)
-        del self._unsent[key]
+        self._unsent.pop(key, None)
 
     def _result(self, request: ActionRequest, ok: bool, message: str) -> ActionResult:
         return ActionResult(request.attempt, request.action, ok, self.clock.now(), message)

@@ -138,9 +138,25 @@ class Result(Wire):
     message: Message = ""
 
 
+class Started(Wire):
+    """The agent's mark, written before it begins ``action`` (attempt ``attempt``): an agent
+    restarted before it answered then answers instead of doing it again."""
+
+    action: Rung
+    attempt: Count
+    at: Time
+    boot_id: str = Field(
+        default="",
+        alias="bootID",
+        max_length=MAX_ID,
+        description="The node's boot id when the action began: a new one after a REBOOT "
+        "means the reboot happened.",
+    )
+
+
 class Status(Wire):
     """Where the episode stands. Each writer merge-patches only its own fields: the
-    controller all but ``result``, the node's agent ``result``."""
+    controller all but ``result`` and ``started``, the node's agent those two."""
 
     phase: Phase = Phase.QUARANTINED
     rung: Rung | None = Field(
@@ -183,6 +199,11 @@ class Status(Wire):
     result: Result | None = Field(
         default=None, description="The agent's (or provider's) answer to the request."
     )
+    started: Started | None = Field(
+        default=None,
+        description="The agent's mark that it began the request's action (written before "
+        "it does): answered, never repeated, after an agent restart.",
+    )
 
 
 class NodeRemediation(Wire):
@@ -217,3 +238,9 @@ def result_of(obj: dict[str, Any]) -> Result | None:
     """The object's ``status.result`` (the agent's answer), if it has one."""
     wire = (obj.get("status") or {}).get("result")
     return read(Result, wire, obj=name_of(obj), at="status.result") if wire else None
+
+
+def started_of(obj: dict[str, Any]) -> Started | None:
+    """The object's ``status.started`` (the agent's mark that it began), if it has one."""
+    wire = (obj.get("status") or {}).get("started")
+    return read(Started, wire, obj=name_of(obj), at="status.started") if wire else None

@@ -40,6 +40,8 @@ class ActionRequest:
     attempt: int
     gpus: tuple[str, ...]
     requested_at: float
+    # The agent's mark that it began this attempt (report_started), if it did.
+    started: wire.Started | None = None
 
 
 def object_name(node: str, opened_at: float) -> str:
@@ -232,26 +234,55 @@ def answer_in(obj: Json) -> Answer | None:
 
 
 def pending_request_for(api: KubeApi, node: str) -> tuple[str, ActionRequest] | None:
-    """For the agent: the newest request on ``node``'s open episodes not yet answered."""
+    """For the agent: the newest request on ``node``'s open episodes not yet answered.
+
+    Each object is read on its own: one that cannot be read is left out, with a warning
+    naming it and the field, and a closed episode is not read at all."""
     found = api.list(NODE_REMEDIATIONS.path(), field_selector=f"spec.nodeName={node}").items
     pending: list[tuple[str, ActionRequest]] = []
     for obj in found:
-        request = wire.request_of(obj)
-        if request is None or (obj.get("status") or {}).get("phase") == Phase.CLOSED:
+        status = obj.get("status") or {}
+        if not status.get("request") or status.get("phase") == Phase.CLOSED:
             continue
-        result = wire.result_of(obj)
-        if result is not None and (result.action, result.attempt) == (
-            request.action,
-            request.attempt,
-        ):
+        try:
+            order = _unanswered(obj)
+        except ContractError as exc:
+            log.warning("skipping a repair request that cannot be read: %s", exc)
             continue
-        order = ActionRequest(request.action, request.attempt, request.gpus, request.requested_at)
-        pending.append((_name(obj), order))
+        if order is not None:
+            pending.append((_name(obj), order))
     return max(pending, key=lambda item: item[1].requested_at, default=None)
 
 
+def _unanswered(obj: Json) -> ActionRequest | None:
+    request = wire.request_of(obj)
+    if request is None:
+        return None
+    key = (request.action, request.attempt)
+    result = wire.result_of(obj)
+    if result is not None and (result.action, result.attempt) == key:
+        return None
+    started = wire.started_of(obj)
+    if started is not None and (started.action, started.attempt) != key:
+        started = None  # an earlier attempt's mark
+    return ActionRequest(
+        request.action, request.attempt, request.gpus, request.requested_at, started
+    )
+
+
+def report_started(
+    api: KubeApi, name: str, request: ActionRequest, at: float, boot_id: str
+) -> None:
+    """For the agent: mark on NodeRemediation ``name`` that it begins ``request``, before
+    it does, so that an agent restarted before it answered answers instead of repeating."""
+    mark = wire.Started(action=request.action, attempt=request.attempt, at=at, bootID=boot_id)
+    patch = {"status": {"started": mark.model_dump(mode="json", by_alias=True)}}
+    api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch)
+
+
 def report_result(api: KubeApi, name: str, result: ActionResult) -> None:
-    """For the agent: answer the request on NodeRemediation ``name``."""
+    """For the agent: answer the request on NodeRemediation ``name`` (the message cut to
+    the CRD's maxLength)."""
     answer = _wire_result(result).model_dump(mode="json", by_alias=True)
     patch = {"status": {"result": answer}}
     api.patch(NODE_REMEDIATIONS.path(name, sub="status"), patch)
@@ -284,9 +315,11 @@ def _status(ep: Episode) -> wire.Status:
 
 def _status_patch(ep: Episode) -> Json:
     """The controller's part of the status as a merge patch, where ``None`` removes a
-    field: never ``request`` (:func:`set_request`'s), ``result`` only when the episode
-    carries one."""
-    mine = {"request"} if ep.action_result is not None else {"request", "result"}
+    field: never ``request`` (:func:`set_request`'s) or ``started`` (the agent's), ``result``
+    only when the episode carries one."""
+    mine = {"request", "started"}
+    if ep.action_result is None:
+        mine.add("result")
     patch = _status(ep).model_dump(mode="json", by_alias=True, exclude=mine)
     patch["attempts"] = {rung.name: patch["attempts"].get(rung.name) for rung in RUNGS}
     return patch
