@@ -300,11 +300,16 @@ def test_operator_can_read_the_episode_history(api, start_controller):
     set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
     steps = wait_for(lambda: status_of(api, name).get("steps"), what="steps")
     assert steps[0]["phase"] == "Quarantined" and steps[0]["at"]
-    events = api.list("/apis/events.k8s.io/v1/namespaces/default/events").items
-    mine = [
-        e
-        for e in events
-        if e["regarding"]["name"] == name and e["reportingController"] == "gpuguard.io/controller"
-    ]
-    assert mine and mine[0]["related"]["kind"] == "NodeRemediation"
+
+    def events() -> list[dict[str, Any]]:  # written just after the step it tells of
+        found = api.list("/apis/events.k8s.io/v1/namespaces/default/events").items
+        return [
+            e
+            for e in found
+            if e["regarding"]["name"] == name
+            and e["reportingController"] == "gpuguard.io/controller"
+        ]
+
+    mine = wait_for(events, what="the episode's Event")
+    assert mine[0]["related"]["kind"] == "NodeRemediation"
     assert json.loads(json.dumps(mine[0]))["type"] == "Warning"

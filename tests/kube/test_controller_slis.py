@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from gpuguard.controller.loop import Controller
-from gpuguard.controller.providers import provider_for
 from gpuguard.controller.slis import parse_selector
 from gpuguard.kube.rest import KubeApi
 from gpuguard.remediation.policy import Policy
@@ -45,7 +44,7 @@ def start_controller(api: KubeApi, namespace: str, fleet: str) -> Iterator[Calla
         controller = Controller(
             api,
             Policy(**{**FAST_POLICY, "tolerance_s": 300}),  # quarantine only, no repair
-            provider_for("karpenter", api),
+            "karpenter",
             namespace=namespace,
             identity=f"test-{uuid.uuid4().hex[:6]}",
             gpu_nodes=parse_selector(f"{FLEET}={fleet}"),

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.controller.loop import RETRY_S, Controller
-from gpuguard.controller.providers import provider_for
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi
 from gpuguard.remediation.policy import Policy
@@ -57,7 +56,7 @@ def new_controller(
     return Controller(
         api,
         Policy(**{**FAST_POLICY, **policy}),
-        provider_for(provider, api),
+        provider,
         namespace=namespace,
         identity=f"test-{uuid.uuid4().hex[:6]}",
         dry_run=dry_run,

@@ -19,8 +19,8 @@ from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.providers import Provider
 from gpuguard.kube import drain, fleet
-from gpuguard.kube.errors import KubeError
-from gpuguard.kube.remediations import save_episode, set_request
+from gpuguard.kube.errors import KubeError, KubeFenced
+from gpuguard.kube.remediations import object_name, save_episode, set_request
 from gpuguard.kube.rest import NODES, Json, KubeApi
 from gpuguard.remediation.model import Decision, DecisionKind, Episode, Plan
 from gpuguard.remediation.reconciler import Actuator
@@ -46,6 +46,25 @@ class Applier:
         self.events = events
         self.metrics = metrics
         self.dry_run = dry_run
+        # NodeRemediation name -> the resourceVersion last seen (watch, list, own writes):
+        # each episode write is conditional on it.
+        self.versions: dict[str, str] = {}
+
+    def note_version(self, name: str, version: str) -> None:
+        """Remember ``version`` unless an answer seen earlier was already newer (a watch
+        event may arrive after the response to the write that caused it)."""
+        known = self.versions.get(name, "")
+        if known.isdigit() and version.isdigit() and int(version) < int(known):
+            return
+        self.versions[name] = version
+
+    def note_object(self, obj: Json) -> None:
+        metadata = obj.get("metadata") or {}
+        if metadata.get("name") and metadata.get("resourceVersion"):
+            self.note_version(str(metadata["name"]), str(metadata["resourceVersion"]))
+
+    def forget_version(self, obj: Json) -> None:
+        self.versions.pop(str((obj.get("metadata") or {}).get("name", "")), None)
 
     def for_pass(self, nodes: Mapping[str, Json], now: float) -> Actuator:
         """The reconciler's actuator for one pass: ``nodes`` are the slim Nodes it may
@@ -84,6 +103,10 @@ class Applier:
     ) -> bool:
         try:
             self._apply(decision, plan.episodes.get(decision.node), nodes, now, new)
+        except KubeFenced as exc:
+            self.metrics.actions.labels(str(decision.kind), "fenced").inc()
+            log.debug("%s on %s not done: %s", decision.kind, decision.node, exc)
+            return False
         except KubeError as exc:
             self.metrics.actions.labels(str(decision.kind), "error").inc()
             log.warning(
@@ -103,7 +126,10 @@ class Applier:
     ) -> None:
         if decision.kind is Kind.RECORD:
             if episode is not None:
-                save_episode(self.api, episode, new=new)
+                name = object_name(episode.node, episode.opened_at)
+                known = "" if new else self.versions.get(name, "")
+                version = save_episode(self.api, episode, new=new, resource_version=known)
+                self.note_version(name, version)
                 self.events.record(episode, decision, now)
             return
         if self.dry_run:

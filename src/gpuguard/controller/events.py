@@ -9,7 +9,7 @@ from gpuguard.contract.remediation import GROUP_VERSION, KIND
 from gpuguard.contract.times import format_micro_time
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import object_name
-from gpuguard.kube.rest import KubeApi
+from gpuguard.kube.rest import Json, KubeApi
 from gpuguard.remediation.model import Decision, Episode, Phase
 
 log = logging.getLogger("gpuguard.controller")
@@ -41,10 +41,31 @@ class EventRecorder:
                 "name": object_name(episode.node, episode.opened_at),
             },
         }
+        self._create(episode.node, body)
+
+    def about_node(self, node: str, reason: str, note: str, now: float) -> None:
+        """A Warning Event about ``node`` outside any episode (a silent agent, a held
+        node); best effort like :meth:`record`."""
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{node}-{reason.lower()}-"},
+            "eventTime": format_micro_time(now),
+            "reportingController": CONTROLLER_CONTROLLER,
+            "reportingInstance": self.identity,
+            "action": reason,
+            "reason": reason,
+            "note": note[:1024],
+            "type": "Warning",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        self._create(node, body)
+
+    def _create(self, node: str, body: Json) -> None:
         try:
             self.api.create(EVENTS_PATH, body)
         except KubeError as exc:
-            log.warning("event for %s not recorded: %s", episode.node, exc)
+            log.warning("event for %s not recorded: %s", node, exc)
 
 
 def _reason(episode: Episode) -> str:

@@ -22,28 +22,30 @@ from collections.abc import Callable, Iterator, Mapping
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.conditions import TRUE
 from gpuguard.contract.errors import ContractError
+from gpuguard.contract.times import format_time
 from gpuguard.controller.apply import Applier
 from gpuguard.controller.breaker_store import BreakerStore
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.observe import project_node
 from gpuguard.controller.pods import PodCache, slim_pod
-from gpuguard.controller.providers import Provider
+from gpuguard.controller.providers import provider_for
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
-from gpuguard.kube.errors import KubeError
+from gpuguard.kube.errors import KubeError, KubeFenced
 from gpuguard.kube.fleet import slim_node
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
 from gpuguard.kube.remediations import (
     NODE_REMEDIATIONS,
+    StoredEpisodes,
     answer_in,
     delete_closed_before,
-    list_episodes,
+    read_episodes,
 )
 from gpuguard.kube.rest import NODES, PODS, Json, KubeApi, WatchEvent
 from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
 from gpuguard.metrics_server import LIVENESS_S
-from gpuguard.remediation.health import deferred_repair, named_gpus
+from gpuguard.remediation.health import AGENT_SILENT, deferred_repair, named_gpus, silenced
 from gpuguard.remediation.model import DecisionKind, NodeObservation, Phase, Plan
 from gpuguard.remediation.policy import Policy
 from gpuguard.remediation.reconciler import Pass, Reconciler
@@ -63,7 +65,7 @@ class Controller:
         self,
         api: KubeApi,
         policy: Policy,
-        provider: Provider,
+        provider: str,
         *,
         namespace: str,
         identity: str,
@@ -92,9 +94,15 @@ class Controller:
         self.elector = LeaderElector(
             api, namespace, LEASE_NAME, identity, lease_s=lease_s, renew_s=renew_s
         )
-        self.breakers = BreakerStore(api, namespace)
+        # Every write but the Lease's goes through this view: fenced by leadership.
+        self.writer = api.fenced(self.holds_lease, f"{identity} does not hold the Lease")
+        self.breakers = BreakerStore(self.writer, namespace)
         self.applier = Applier(
-            api, provider, EventRecorder(api, identity), self.metrics, dry_run=dry_run
+            self.writer,
+            provider_for(provider, self.writer),
+            EventRecorder(self.writer, identity),
+            self.metrics,
+            dry_run=dry_run,
         )
         self.reconciler = Reconciler(policy)
         self.pods = PodCache()
@@ -107,10 +115,17 @@ class Controller:
         self._listed: set[str] = set()  # the watches that have delivered their first list
         self.leading = threading.Event()
         self.deadline = math.inf  # the last pass's: when it must run again at the latest
+        self._held_told: set[str] = set()  # held nodes already announced by an Event
+        self._silent_told: set[str] = set()  # silent agents already announced
+        self.watch_threads: list[threading.Thread] = []
+        self.failed = ""  # why run() ended by itself ("": it did not)
 
     # --- running ------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        watches = [
+        """Until ``stop`` is set, or until one of its threads dies (``failed`` says which):
+        then it sets ``stop`` itself, which gives the Lease up, and returns; the process
+        exits non-zero, so a broken replica never keeps the fleet's leadership."""
+        self.watch_threads = watches = [
             threading.Thread(
                 target=self._follow,
                 args=(stop, path, project, take),
@@ -126,11 +141,17 @@ class Controller:
         ]
         for thread in watches:
             thread.start()
-        start_leader_election(
+        election = start_leader_election(
             self.elector, stop, on_started_leading=self._lead, on_stopped_leading=self._step_down
         )
         threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
         while not stop.is_set():
+            dead = [thread.name for thread in [*watches, election] if not thread.is_alive()]
+            if dead:
+                self.failed = f"thread {', '.join(dead)} died"
+                log.error("%s: stopping (the Lease is given up)", self.failed)
+                stop.set()  # ends the election (releasing the Lease) and the watches
+                break
             self.metrics.alive()
             woke = self._wake.wait(self._wait_s())
             self._wake.clear()
@@ -141,6 +162,9 @@ class Controller:
                 continue
             try:
                 self.reconcile()
+            except KubeFenced as exc:
+                self.reconciler.stale = True  # a new leader may have moved every episode on
+                log.info("plan abandoned: %s", exc)
             except KubeError as exc:
                 self.reconciler.stale = True
                 log.warning("reconcile failed, retrying in %.0fs: %s", self.retry_s, exc)
@@ -180,6 +204,12 @@ class Controller:
         self.api.end_watches(stop)
         self._wake_now()
 
+    def holds_lease(self) -> bool:
+        """Leading, and within the renew deadline of the last renewal: checked before every
+        write, so a replica frozen past its Lease (a paused VM, a long GC, SIGSTOP) writes
+        nothing after it thaws, even before its election thread has noticed the loss."""
+        return self.leading.is_set() and self.elector.is_leader()
+
     def _lead(self) -> None:
         log.info("%s leads", self.identity)
         self.reconciler.stale = True  # read the episodes the previous leader wrote
@@ -210,7 +240,11 @@ class Controller:
 
         def fold(item: Snapshot | WatchEvent) -> None:
             nonlocal version
-            version = take(item) or version
+            try:
+                version = take(item) or version
+            except Exception:  # one object gpuguard cannot read must not end the watch
+                self.metrics.unreadable.labels(path).inc()
+                log.exception("%s: a watch item could not be read, skipped", path)
 
         keep_watching(stream, fold, stop, log=log, what=path, retry_s=self.retry_s)
 
@@ -244,9 +278,16 @@ class Controller:
         """Answers to requested actions, as the agents (or providers) write them."""
         objects = item.items if isinstance(item, Snapshot) else [item.object]
         if isinstance(item, WatchEvent) and item.type == "DELETED":
+            self.applier.forget_version(item.object)
+            if (item.object.get("spec") or {}).get("nodeName") in self.reconciler.held:
+                self.reconciler.stale = True
+                self._wake_now()
             objects = []
         news = isinstance(item, Snapshot)
         for obj in objects:
+            self.applier.note_object(obj)
+            if (obj.get("spec") or {}).get("nodeName") in self.reconciler.held:
+                self.reconciler.stale = news = True  # mended or replaced: read it again
             try:
                 answer = answer_in(obj)
             except ContractError as exc:
@@ -284,7 +325,14 @@ class Controller:
         name = node["metadata"]["name"]
         old = self._observed.get(name)
         attended = name in self.reconciler.attention  # the old projection needed attention
-        observed = project_node(node, self.policy.pool_label, self.policy.correlation.domain_label)
+        try:
+            observed = project_node(
+                node, self.policy.pool_label, self.policy.correlation.domain_label
+            )
+        except Exception:  # the last good projection stands; the rest of the list goes on
+            self.metrics.unreadable.labels("Node").inc()
+            log.exception("Node %s could not be read, its last reading kept", name)
+            return False
         self._nodes[name], self._observed[name] = node, observed
         attended |= self.reconciler.track(name, observed)  # replaces the old one's pool
         return (
@@ -301,16 +349,25 @@ class Controller:
         now = self.clock.now()
         reconciler = self.reconciler
         if reconciler.stale:
-            episodes, closed = list_episodes(self.api)
+            stored = read_episodes(self.api)
+            self.applier.versions.clear()
+            for name, version in stored.versions.items():
+                self.applier.note_version(name, version)
             self.breakers.load()
-            reconciler.load(episodes, closed, self.breakers.state)
+            reconciler.load(stored.open, stored.closed, self.breakers.state, held=stored.held)
+            self._report_unreadable(stored)
             reconciler.history.forget_before(now - self.policy.history_s)
         with self._lock:
+            silent, next_silence = self._silent_agents(now)
             # Only nodes that can need a decision; the population sizes budgets and breaker.
-            wanted = reconciler.wanted() & self._nodes.keys()
+            wanted = (reconciler.wanted() | silent.keys()) & self._nodes.keys()
             nodes = {name: self._nodes[name] for name in wanted}
-            observations = {name: self._with_pods(self._observed[name]) for name in wanted}
+            observations = {
+                name: self._with_pods(self._read(self._observed[name], silent.get(name)))
+                for name in wanted
+            }
             population = {pool: n for pool, n in reconciler.population.items() if n}
+        self._tell_silent(silent, now)
         done = reconciler.reconcile(
             observations,
             now,
@@ -319,11 +376,51 @@ class Controller:
             population=population,
         )
         self.breakers.save(done.plan.breaker)
-        self.deadline = done.deadline
+        self.deadline = min(done.deadline, next_silence)
         self._observe_metrics(done, observations, now)
         if now - self._collected_at >= COLLECT_EVERY_S:
             self.collect_closed(now)
         return done.plan
+
+    def _silent_agents(self, now: float) -> tuple[dict[str, float], float]:
+        """Nodes whose agent has not reported for ``agent_timeout_s``, with when it went
+        silent, and when the next one will (one pass over the cache: cheap at 5,000)."""
+        timeout = self.policy.agent_timeout_s
+        silent: dict[str, float] = {}
+        upcoming = math.inf
+        for name, observed in self._observed.items():
+            if observed.reported_at is None or not observed.layers:
+                continue  # no agent yet: nothing it stopped saying
+            since = observed.reported_at + timeout
+            if since < now:
+                silent[name] = since
+            else:
+                upcoming = min(upcoming, since)
+        return silent, upcoming
+
+    @staticmethod
+    def _read(observed: NodeObservation, silent_since: float | None) -> NodeObservation:
+        return observed if silent_since is None else silenced(observed, silent_since)
+
+    def _tell_silent(self, silent: Mapping[str, float], now: float) -> None:
+        self.metrics.silent_agents.set(len(silent))
+        for name in silent.keys() - self._silent_told:
+            last = format_time(silent[name] - self.policy.agent_timeout_s)
+            note = f"the gpuguard agent on {name} has not reported since {last}: layers Unknown"
+            log.warning("%s", note)
+            self.applier.events.about_node(name, AGENT_SILENT, note, now)
+        self._silent_told = set(silent)
+
+    def _report_unreadable(self, stored: StoredEpisodes) -> None:
+        """Count what could not be read, and tell about each node newly held (an Event
+        on the Node: a person must mend or delete the object)."""
+        self.metrics.unreadable.labels("NodeRemediation").inc(len(stored.unreadable))
+        self.metrics.held_nodes.set(len(stored.held))
+        for node, why in stored.held.items():
+            if node not in self._held_told:
+                note = f"held (no repair) until its NodeRemediation is mended or deleted: {why}"
+                self.applier.events.about_node(node, "EpisodeUnreadable", note, self.clock.now())
+        self._held_told = set(stored.held)
 
     def _with_pods(self, observed: NodeObservation) -> NodeObservation:
         """What the pod watch says of the node's drain, or of the work a deferred repair
@@ -343,7 +440,7 @@ class Controller:
         """Delete NodeRemediations of episodes closed more than ``keep_closed_s`` ago, so
         the objects (and the controller's start-up list) do not grow without bound."""
         self._collected_at = now
-        deleted = delete_closed_before(self.api, now - self.keep_closed_s)
+        deleted = delete_closed_before(self.writer, now - self.keep_closed_s)
         if deleted:
             log.info("deleted %d NodeRemediations closed before the retention window", deleted)
         return deleted

@@ -10,7 +10,6 @@ import threading
 
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
-from gpuguard.controller.providers import provider_for
 from gpuguard.kube.rest import load_api_for_command
 from gpuguard.metrics_server import serve
 from gpuguard.remediation.policy import Policy, load_policy
@@ -34,7 +33,7 @@ def run_controller(args: argparse.Namespace) -> int:
     controller = Controller(
         api,
         policy,
-        provider_for(args.provider, api),
+        args.provider,
         namespace=args.namespace,
         identity=args.identity,
         dry_run=args.dry_run,
@@ -49,5 +48,8 @@ def run_controller(args: argparse.Namespace) -> int:
         args.provider,
     )
     controller.run(stop)
+    if controller.failed:
+        log.error("gpuguard controller %s failed: %s", args.identity, controller.failed)
+        return 1
     log.info("gpuguard controller %s stopped", args.identity)
     return 0

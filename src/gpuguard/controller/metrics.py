@@ -61,6 +61,24 @@ class ControllerMetrics(Probes):
             "1 while the fleet circuit breaker is open",
             registry=self.registry,
         )
+        self.unreadable = Counter(
+            "gpuguard_controller_unreadable_objects_total",
+            "Objects read from the cluster that gpuguard could not read, by kind "
+            "(each is logged with the object and field; a node whose episode is unreadable "
+            "is held)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.held_nodes = Gauge(
+            "gpuguard_controller_held_nodes",
+            "Nodes held because their episode cannot be read: no new episode, no repair",
+            registry=self.registry,
+        )
+        self.silent_agents = Gauge(
+            "gpuguard_controller_silent_agents",
+            "Nodes whose agent's last report is older than the policy's agent_timeout_s",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "gpuguard_controller_leader",
             "1 on the replica that holds the Lease",

@@ -53,6 +53,7 @@ def project_node(
         verify_request=read_request(annotations.get(VERIFY_REQUEST_ANNOTATION)),
         verify=answer,
         domain=str(labels.get(domain_label, "")) if domain_label else "",
+        uid=str(metadata.get("uid", "")),
     )
 
 

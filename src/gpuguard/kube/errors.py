@@ -23,6 +23,10 @@ class KubeRejected(KubeError):
     """The API server refused the request (forbidden, invalid, not found); do not retry."""
 
 
+class KubeFenced(KubeError):
+    """A write was not sent: the client's fence (a controller's leadership) is down."""
+
+
 @dataclass(frozen=True)
 class NodeView:
     """The small part of a Node the agent needs."""

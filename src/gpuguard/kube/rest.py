@@ -15,6 +15,7 @@ defined in :mod:`gpuguard.kube.api_errors` and importable from here).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import threading
@@ -41,7 +42,7 @@ from gpuguard.kube.api_errors import (
     error_for,
     status_error,
 )
-from gpuguard.kube.errors import KubeRejected, KubeUnavailable
+from gpuguard.kube.errors import KubeFenced, KubeRejected, KubeUnavailable
 from gpuguard.kube.inflight import InFlight
 
 __all__ = [  # the errors are re-exported: callers import everything from here
@@ -167,6 +168,17 @@ class KubeApi:
     def __init__(self, http: httpx2.Client) -> None:
         self._http = http
         self._inflight = InFlight()
+        self._fence: Callable[[], bool] | None = None
+        self._fenced_what = ""
+
+    def fenced(self, holds: Callable[[], bool], what: str) -> KubeApi:
+        """The same connections, but every write first asks ``holds()`` and is not sent
+        (:class:`KubeFenced`) when it says no: a controller's writes are fenced by its
+        leadership, checked before each one, not only before a pass. Reads and watches
+        are not fenced. Close the original client, not this view."""
+        view = copy.copy(self)
+        view._fence, view._fenced_what = holds, what
+        return view
 
     def close(self) -> None:
         """End open watches, wait for requests in flight, then close the connections."""
@@ -306,6 +318,8 @@ class KubeApi:
         decode: Callable[[bytes], Json] | None = None,
         timeout_s: float | None = None,
     ) -> Json:
+        if method != "GET" and self._fence is not None and not self._fence():
+            raise KubeFenced(f"{method} {path} not sent: {self._fenced_what}")
         content = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}
         if content is not None:

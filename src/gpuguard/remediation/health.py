@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from gpuguard.contract.conditions import FALSE, TRUE
+from gpuguard.contract.conditions import FALSE, TRUE, UNKNOWN
 from gpuguard.contract.report import LayerReport
 from gpuguard.model import Action
 from gpuguard.remediation.history import History
@@ -31,6 +31,20 @@ def as_policy_reads(layer: LayerReport) -> LayerReport:
     if (status, deferred) == (layer.status, layer.deferred):
         return layer
     return dataclasses.replace(layer, status=status, deferred=deferred)
+
+
+AGENT_SILENT = "AgentSilent"
+
+
+def silenced(node: NodeObservation, since: float) -> NodeObservation:
+    """The node as read once its agent has been silent since ``since``: a layer it last
+    reported True is Unknown from then on (its silence is no evidence of health); a fault
+    it reported stays, so a dead agent never clears a node."""
+    layers = {
+        name: LayerReport(UNKNOWN, AGENT_SILENT, since) if layer.status == TRUE else layer
+        for name, layer in node.layers.items()
+    }
+    return dataclasses.replace(node, layers=layers)
 
 
 def false_layers(node: NodeObservation) -> list[LayerReport]:

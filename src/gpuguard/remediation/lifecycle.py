@@ -99,7 +99,9 @@ class PlanBuilder:
     # -- opening and closing -----------------------------------------------------------
 
     def open(self, node: NodeObservation) -> Episode:
-        episode = Episode(node=node.name, opened_at=self.now, phase_since=self.now)
+        episode = Episode(
+            node=node.name, opened_at=self.now, phase_since=self.now, node_uid=node.uid
+        )
         self.record(episode, f"quarantined: {describe(node)}")
         if not node.tainted:
             self.emit(Kind.TAINT, node.name, f"unhealthy: {describe(node)}")
@@ -137,6 +139,11 @@ class PlanBuilder:
             gone = Resolution.REPLACED if episode.rung is Action.REPLACE else Resolution.GONE
             self.close(episode, gone, "the Node no longer exists", None)
             return
+        if episode.node_uid and node.uid and node.uid != episode.node_uid:
+            gone = Resolution.REPLACED if episode.rung is Action.REPLACE else Resolution.GONE
+            why = f"the Node was registered again (uid {node.uid}, was {episode.node_uid})"
+            self.close(episode, gone, why, None)
+            return
         if node.excluded or node.do_not_disrupt:
             self.note(node.name, "excluded or do-not-disrupt: open episode left as it is")
             return
@@ -147,6 +154,8 @@ class PlanBuilder:
             Phase.VERIFYING: self.verifying,
         }[episode.phase]
         handler(episode, node)
+        if episode.phase in (Phase.DRAINING, Phase.ACTING) and episode.phase_since < self.now:
+            self.keep_cordoned(episode, node)  # not in the pass that cordoned it
         if restore_taint and episode.phase is not Phase.CLOSED and not node.tainted:
             self.emit(Kind.TAINT, node.name, "open episode: restoring the missing taint")
 
@@ -185,6 +194,14 @@ class PlanBuilder:
         if not episode.steps or episode.steps[-1].message != message:
             self.record(episode, message)
         return None
+
+    def keep_cordoned(self, episode: Episode, node: NodeObservation) -> None:
+        """A whole-node rung keeps the node cordoned while it drains and acts, whoever
+        uncordoned it meanwhile (the close uncordons it: our marker is on the Node)."""
+        if episode.rung is not None and episode.rung > Action.RESET_GPU and not node.unschedulable:
+            episode.cordoned_by_us = True
+            why = f"{_label(episode)}: cordon re-asserted (uncordoned during the repair)"
+            self.emit(Kind.CORDON, node.name, why)
 
     def draining(self, episode: Episode, node: NodeObservation) -> None:
         if is_healthy(node, self.policy, self.now):

@@ -41,6 +41,7 @@ class NodeObservation:
     verify_request: str | None = None  # the id of the verify request on the Node, if any
     verify: VerifyAnswer | None = None  # the agent's latest verify answer
     domain: str = ""  # value of the correlation's domain label (a rack; "": never grouped)
+    uid: str = ""  # the Node's metadata.uid ("": not known)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class Episode:
     # re-sent eviction and request of one attempt names the same GPUs even when the report
     # changes meanwhile (a resetting GPU reads Unknown). () means the whole node.
     gpus: tuple[str, ...] = ()
+    # The Node's uid when the episode opened ("": not known, an older episode): another
+    # machine registered under the same name closes the episode instead of inheriting it.
+    node_uid: str = ""
 
     @property
     def attempt(self) -> int:

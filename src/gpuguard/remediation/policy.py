@@ -170,6 +170,12 @@ class Policy(_Strict):
     unknown_grace_s: Seconds = Field(
         default=300, description="Unknown counts as unhealthy after this long (NHC: 300 s)"
     )
+    agent_timeout_s: Seconds = Field(
+        default=600,
+        gt=0,
+        description="An agent whose last report is older than this is silent: what it said "
+        "was True reads Unknown (keep it above 3x the agent's heartbeat_interval_s, 180 s)",
+    )
     tolerance_s: Seconds = Field(
         default=120, description="A False condition must last this long before any action"
     )

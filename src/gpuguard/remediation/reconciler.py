@@ -25,6 +25,8 @@ from gpuguard.remediation.history import History
 from gpuguard.remediation.model import (
     ActionResult,
     BreakerState,
+    Decision,
+    DecisionKind,
     Episode,
     NodeObservation,
     Phase,
@@ -75,15 +77,27 @@ class Reconciler:
         self.attention: set[str] = set()
         self.population: Counter[str] = Counter()  # nodes per pool
         self.stale = True  # the episodes must be (re)loaded before the next pass
+        # Nodes whose stored episode cannot be read, and why: no decision but quarantine.
+        self.held: dict[str, str] = {}
         self._pools: dict[str, str] = {}
         self._results: dict[tuple[str, float], ActionResult] = {}  # by episode
 
     # --- what the driver tells it -------------------------------------------------
     def load(
-        self, episodes: Mapping[str, Episode], closed: Iterable[Episode], breaker: BreakerState
+        self,
+        episodes: Mapping[str, Episode],
+        closed: Iterable[Episode],
+        breaker: BreakerState,
+        *,
+        held: Mapping[str, str] | None = None,
     ) -> None:
-        """Start from what the cluster holds (a new leader, or after a failed write)."""
-        self.episodes = dict(episodes)
+        """Start from what the cluster holds (a new leader, or after a failed write).
+
+        ``held``: nodes whose episode is stored but unreadable. Treating it as absent would
+        start the ladder over (a second reboot); such a node gets no decision but our
+        taint while it is unhealthy, until its object is mended or deleted."""
+        self.held = dict(held or {})
+        self.episodes = {n: e for n, e in episodes.items() if n not in self.held}
         self.history = History(closed)
         self.breaker = breaker
         self.stale = False
@@ -116,7 +130,7 @@ class Reconciler:
 
     def wanted(self) -> set[str]:
         """The nodes a pass must see: those needing attention and those with an episode."""
-        return self.attention | self.episodes.keys()
+        return self.attention | self.episodes.keys() | self.held.keys()
 
     def take_result(self, node: str, opened_at: float, result: ActionResult) -> bool:
         """The agent's (or provider's) answer to a requested action of the episode of
@@ -140,6 +154,8 @@ class Reconciler:
         before = self._with_results()
         if population is None:
             population = {pool: count for pool, count in self.population.items() if count}
+        held = {n: o for n, o in observations.items() if n in self.held}
+        observations = {n: o for n, o in observations.items() if n not in self.held}
         plan = decide(
             observations,
             before,
@@ -150,6 +166,11 @@ class Reconciler:
             breaker_reset=breaker_reset,
             population=population,
         )
+        plan.decisions[:0] = [
+            Decision(DecisionKind.TAINT, name, f"held: {self.held[name]}")
+            for name, node in held.items()
+            if not node.tainted and any(layer.status != TRUE for layer in node.layers.values())
+        ]
         opened = frozenset(plan.episodes.keys() - before.keys())
         failed = frozenset(actuator.apply(plan, opened))
         self._remember(plan, failed, now)

@@ -171,7 +171,7 @@ def _roce_roles(
                 why = f"slower than the {count} expected RoCE fabric ports"
                 roles[port.name] = PortRole(Role.FRONT_END, why)
         return roles
-    reference = gbps if gbps is not None else max(_rate_or_zero(p) for p in same)
+    reference = gbps if gbps is not None else max((_rate_or_zero(p) for p in same), default=0.0)
     for port in same:
         if port.rate_gbps is None or port.rate_gbps >= reference / 2:
             roles[port.name] = PortRole(Role.FABRIC, f"RoCE port of the fabric's model {model}")
