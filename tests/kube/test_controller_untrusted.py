@@ -71,6 +71,22 @@ def test_a_garbled_report_is_that_nodes_problem_only(
     assert not tainted(api, liar)  # its conditions still say True: nothing to act on
 
 
+# F11's other half: what the controller copies from a report into an episode is bounded.
+def test_a_report_naming_more_gpus_than_a_node_has_quarantines_without_a_rung(
+    api: KubeApi, start_controller: Callable[..., Controller]
+) -> None:
+    liar = sick(api)
+    layer = {"status": "Unhealthy", "action": "RESET_GPU", "codes": ["XID_48"]}
+    report = {"reportedAt": stamp(), "layers": {"gpu": {**layer, "gpus": ["0"] * 100}}}
+    api.patch(f"/api/v1/nodes/{liar}", {"metadata": {"annotations": {REPORT: json.dumps(report)}}})
+    controller = start_controller(tolerance_s=0)
+    wait_for(lambda: tainted(api, liar) and remediations(api, liar), what="the liar quarantined")
+    reconciled(controller)
+    assert "request" not in status_of(api, liar) and status_of(api, liar).get("rung") is None
+    canary = sick(api)
+    wait_for(lambda: tainted(api, canary), what="the canary tainted")
+
+
 # row 23 (F2): the same report already on a Node when the controller starts.
 def test_a_garbled_report_at_start_up_does_not_stop_the_first_pass(
     api: KubeApi, start_controller: Callable[..., Controller]

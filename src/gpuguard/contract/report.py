@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from gpuguard.contract.conditions import LAYER_OF_TYPE, UNKNOWN, desired_conditions
 from gpuguard.contract.errors import ContractError
 from gpuguard.contract.keys import REPORT_ANNOTATION
+from gpuguard.contract.remediation import MAX_GPUS, MAX_ID
 from gpuguard.contract.times import parse_time
 from gpuguard.contract.verify import VerifyAnswer, read_answer
 from gpuguard.model import Action, NodeReport, Status
+
+_AT_MOST_GPUS = msgspec.Meta(max_length=MAX_GPUS)
 
 
 class LayerEntry(msgspec.Struct, frozen=True):
@@ -29,7 +32,8 @@ class LayerEntry(msgspec.Struct, frozen=True):
     status: str  # the agent's verdict (model.Status): Healthy, Degraded, Unknown, Unhealthy
     action: str  # the highest rung its findings recommend (model.Action name)
     codes: list[str] = []
-    gpus: list[str] = []  # PCI bus ids of the GPUs the findings name
+    # PCI bus ids of the GPUs the findings name; bounded as the episode that copies them is.
+    gpus: Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_ID)]], _AT_MOST_GPUS] = []
     # The repair waits for running work (drain and reset); written only when it does.
     deferred: bool | msgspec.UnsetType = msgspec.UNSET
 

@@ -169,6 +169,11 @@ class Controller:
                 self.reconciler.stale = True
                 log.warning("reconcile failed, retrying in %.0fs: %s", self.retry_s, exc)
                 stop.wait(self.retry_s)
+            except Exception:  # a bug or an object no model caught: the pass, not the loop
+                self.reconciler.stale = True
+                self.metrics.unreadable.labels("reconcile").inc()
+                log.exception("reconcile failed, retrying in %.0fs", self.retry_s)
+                stop.wait(self.retry_s)
         for thread in watches:  # ended by _wake_on_stop; none is left reading the client
             thread.join(WATCH_JOIN_S)
 

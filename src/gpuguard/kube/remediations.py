@@ -192,7 +192,11 @@ def set_request(
     obj = api.get(path)
     if (obj.get("status") or {}).get("phase") == Phase.CLOSED:
         return False  # closed meanwhile (by another leader): nothing to order
-    current = wire.request_of(obj)
+    try:
+        current = wire.request_of(obj)
+    except ContractError as exc:  # ours to write: an unreadable one is replaced
+        log.warning("replacing an unreadable request: %s", exc)
+        current = None
     if current is not None and (current.action, current.attempt) == (action, attempt):
         return False
     request = wire.Request(action=action, attempt=attempt, gpus=gpus, requested_at=now)

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from gpuguard.contract.remediation import MAX_MESSAGE
 from gpuguard.contract.verify import VerifyAnswer, request_id, requested_time
+from gpuguard.contract.wire import cut
 from gpuguard.model import Action
 from gpuguard.remediation.budget import BudgetLedger
 from gpuguard.remediation.correlation import SharedCauses, own_faults
@@ -89,7 +91,8 @@ class PlanBuilder:
         if phase is not None:
             episode.phase = phase
             episode.phase_since = self.now
-        episode.steps.append(Step(self.now, episode.phase, message))
+        # Cut as the NodeRemediation stores it, so a step read back compares equal.
+        episode.steps.append(Step(self.now, episode.phase, cut(message, MAX_MESSAGE)))
         self.emit(Kind.RECORD, episode.node, message)
         self.ledger.update(episode.node, episode)
 
