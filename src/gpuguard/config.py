@@ -19,6 +19,8 @@ DEEP_CHECK_PREFIX = "deep-"
 # The checks settings may name (checks/registry.py lists the same; a test holds them equal),
 # besides the deep checks, which all start with DEEP_CHECK_PREFIX.
 CHECK_NAMES = ("kernel-log", "dcgm", "nvml", "nvidia-smi", "dcgm-exporter", "network")
+# The external programs the agent runs, by the name ``tools`` may give a path for.
+TOOL_NAMES = ("nvidia-smi", "dcgmi", "ibstat", "journalctl", "dmesg", "ib_write_bw", "fi_pingpong")
 # A deep check's timeout beyond its budget: importing PyTorch and starting CUDA on every GPU.
 DEEP_TIMEOUT_MARGIN_S = 30.0
 
@@ -231,6 +233,14 @@ class Config(BaseModel):
         if unknown:
             known = ", ".join(CHECK_NAMES)
             raise ValueError(f"unknown check {', '.join(unknown)} (checks: {known}, deep-*)")
+        return value
+
+    @field_validator("tools", mode="after")
+    @classmethod
+    def _known_tools(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(TOOL_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tool {', '.join(unknown)} (tools: {', '.join(TOOL_NAMES)})")
         return value
 
     @property

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from gpuguard.checks.registry import default_checks
-from gpuguard.config import CHECK_NAMES, Config, build_config, load_config
+from gpuguard.config import CHECK_NAMES, TOOL_NAMES, Config, build_config, load_config
 from gpuguard.errors import ConfigError
+
+REPO_SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def test_defaults_fail_closed_with_no_expectations():
@@ -63,3 +68,20 @@ def test_the_checks_settings_may_name_are_the_registered_checks():
     assert sorted(CHECK_NAMES) == sorted(check.name for check in default_checks())
     deep = build_config({"timeouts": {"deep-gpu": 900}}, origin="test")
     assert deep.timeout_for("deep-gpu") == 900
+
+
+@pytest.mark.parametrize("name", ["nvidia_smi", "dcgm", "NVIDIA-SMI"])
+def test_tools_names_only_tools_the_agent_runs(name):
+    with pytest.raises(ConfigError, match=f"tools: unknown tool {name} .*nvidia-smi"):
+        build_config({"tools": {name: "/opt/bin/x"}}, origin="test")
+    assert build_config({"tools": {"nvidia-smi": "/opt/bin/x"}}, origin="test").tools
+
+
+def test_every_tool_the_agent_runs_may_be_named_in_tools():
+    """The names the sources and the NIC loopback ask for (a literal in the code), so a new
+    tool cannot be added without its name being accepted."""
+    source = "\n".join(p.read_text() for p in (REPO_SRC / "gpuguard").rglob("*.py"))
+    asked = set(re.findall(r"\.tool\(\"([^\"]+)\"\)", source))
+    asked |= set(re.findall(r"LoopbackPlan\(\s*port,\s*\"([^\"]+)\"", source))
+    assert {"nvidia-smi", "ib_write_bw", "fi_pingpong"} <= asked
+    assert asked <= set(TOOL_NAMES)

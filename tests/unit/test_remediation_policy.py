@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpuguard.errors import ConfigError
@@ -151,3 +153,31 @@ def test_breaker_counts_history_within_the_window():
     history = [episode(f"h{i}", opened_at=T0 - 100) for i in range(3)]
     plan = run(fleet(*(node(f"h{i}") for i in range(3))), history=history)
     assert plan.breaker.open
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [("XID79", "XID79 (did you mean XID_79?)"), ("SXID20034", "did you mean SXID_20034"), ("", "")],
+)
+def test_a_tolerance_key_that_is_no_finding_code_is_refused_and_named(tmp_path, key, said):
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"tolerances: {{'{key}': 0}}\n")
+    with pytest.raises(ConfigError, match=rf"tolerances: not a finding code: .*{re.escape(said)}"):
+        load_policy(path)
+
+
+def test_a_lower_case_tolerance_key_means_the_code():
+    assert Policy(tolerances={"xid_48": 0}).tolerance_for(("XID_48",)) == 0
+
+
+def test_every_code_the_checks_emit_has_the_shape_tolerances_accept():
+    import gc
+
+    import gpuguard.checks.registry  # noqa: F401  (every check's rule table)
+    from gpuguard.checks.rules import Rule
+    from gpuguard.remediation.policy import CODE_SHAPE
+    from gpuguard.runner import OUTCOME_CODES
+
+    codes = {o.code for o in gc.get_objects() if isinstance(o, Rule)} | set(OUTCOME_CODES.values())
+    assert len(codes) > 40
+    assert [code for code in codes if not CODE_SHAPE.fullmatch(code)] == []

@@ -11,6 +11,7 @@ Errors name the file and the key, like gpuguard's other configuration.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -33,6 +34,9 @@ Percent = Annotated[float, Field(ge=0, le=100)]
 # A GPU that fell off the PCIe bus does not come back by itself (NVIDIA's bucket for Xid 79
 # is RESTART_BM): waiting only keeps a dead node in the pool, so act at once.
 DEFAULT_TOLERANCES: dict[str, float] = {"XID_79": 0.0, "GPU_FALLEN_OFF_BUS": 0.0}
+# Every finding code is upper-case words joined by "_" (XID_79, DCGM_FR_XID_ERROR).
+CODE_SHAPE = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+XID_WITHOUT_UNDERSCORE = re.compile(r"(S?XID)([0-9]+)")
 
 # Killing a job twice is cheap (a restarted job may hit a leftover fault once more); every
 # heavier rung is tried once before the next one, as AKS's reboot -> reimage -> redeploy.
@@ -220,6 +224,17 @@ class Policy(_Strict):
     @field_validator("tolerances", mode="after")
     @classmethod
     def _merge_tolerances(cls, value: dict[str, float]) -> dict[str, float]:
+        """Codes are upper-case (``xid_48`` means XID_48, as rungs are read); a key that
+        is no code's shape is refused. A well-formed code is kept even if this version
+        never emits it: agents of a newer version may."""
+        value = {code.upper(): seconds for code, seconds in value.items()}
+        bad = sorted(code for code in value if not CODE_SHAPE.fullmatch(code))
+        if bad:
+            hints = [_code_hint(code) for code in bad]
+            raise ValueError(
+                f"not a finding code: {', '.join(hints)} (codes are words joined by '_', "
+                "e.g. XID_79, GPU_FALLEN_OFF_BUS, IB_LINK_DOWN)"
+            )
         return {**DEFAULT_TOLERANCES, **value}
 
     @field_validator("max_attempts", mode="after")
@@ -251,6 +266,11 @@ class Policy(_Strict):
         """
         tolerances = (self.tolerances.get(code, self.tolerance_s) for code in codes)
         return min(tolerances, default=self.tolerance_s)
+
+
+def _code_hint(code: str) -> str:
+    xid = XID_WITHOUT_UNDERSCORE.fullmatch(code)
+    return f"{code} (did you mean {xid[1]}_{xid[2]}?)" if xid else code
 
 
 def build_policy(data: dict[str, Any], origin: str) -> Policy:
