@@ -40,18 +40,22 @@ class CheckLoops:
         self._primary_of = {f.check: f.primary for f in fallbacks}
         self._kicks: list[threading.Event] = []
 
-    def start(self, stop: threading.Event) -> None:
-        """One daemon thread per check."""
+    def start(self, stop: threading.Event) -> list[threading.Thread]:
+        """One daemon thread per check; returns them."""
+        threads = []
         for check in self.checks:
             ctx = CheckContext(self._sources, self._config, self._config.timeout_for(check.name))
             kick = threading.Event()
             self._kicks.append(kick)
-            threading.Thread(
+            thread = threading.Thread(
                 target=self._loop,
                 args=(RepeatingCheck(check, ctx), stop, kick),
                 name=f"loop-{check.name}",
                 daemon=True,
-            ).start()
+            )
+            thread.start()
+            threads.append(thread)
+        return threads
 
     def kick(self) -> None:
         """Run every check again now."""

@@ -13,6 +13,7 @@ This module only builds and starts them; the publisher runs on the caller's thre
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -35,6 +36,9 @@ from gpuguard.contract.conditions import PROFILES, Desired, desired_conditions
 from gpuguard.kube.watch import WATCH_JOIN_S
 from gpuguard.model import Action, Layer, NodeReport
 from gpuguard.sources import Sources
+
+log = logging.getLogger("gpuguard.agent")
+SUPERVISE_S = 1.0  # how often the observer threads are looked at
 
 if TYPE_CHECKING:
     from gpuguard.kube.client import NodeApi
@@ -62,6 +66,7 @@ class Agent:
         self.sources = sources
         self.node_name = node_name
         self.api = api
+        self.failed = ""  # why run() ended by itself ("": it did not)
         self.metrics = metrics or AgentMetrics()
         self._clock = clock
         scheduled = [c for c in checks if c.name != KERNEL_LOG]  # followed, not polled
@@ -102,23 +107,38 @@ class Agent:
             )
 
     # --- running ------------------------------------------------------------------
-    def start_observers(self, stop: threading.Event) -> None:
+    def start_observers(self, stop: threading.Event) -> list[threading.Thread]:
         """Start the monitors: check loops, kernel-log follower, deep schedule (daemon
-        threads)."""
-        self.checks.start(stop)
-        threading.Thread(
-            target=self.kernel_log.run, args=(stop,), name="kernel-log", daemon=True
-        ).start()
-        threading.Thread(target=self.deep.run, args=(stop,), name="deep", daemon=True).start()
+        threads); returns them."""
+        threads = self.checks.start(stop)
+        for target, name in ((self.kernel_log.run, "kernel-log"), (self.deep.run, "deep")):
+            thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
+            thread.start()
+            threads.append(thread)
+        return threads
 
-    def run(self, stop: threading.Event) -> None:
-        """Observe and publish until ``stop`` is set. Never raises on API errors."""
+    def run(self, stop: threading.Event, also_supervise: Sequence[threading.Thread] = ()) -> None:
+        """Observe and publish until ``stop`` is set, or until a thread it supervises (its
+        own and ``also_supervise``) dies. Never raises on API errors."""
         assert self.api is not None and self.publisher is not None
-        self.start_observers(stop)
+        observers = self.start_observers(stop)
         requests = self.orders.watch_verify_requests(self.api, stop)
         threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
+        watched = [*observers, requests, *also_supervise]
+        threading.Thread(target=self._supervise, args=(watched, stop), daemon=True).start()
         self.publisher.run(stop)
         requests.join(WATCH_JOIN_S)  # ended by _wake_on_stop: none left reading the client
+
+    def _supervise(self, threads: list[threading.Thread], stop: threading.Event) -> None:
+        """A dead observer would leave its layer's last verdict standing (a healthy one,
+        say) for good: the agent stops instead (``failed`` says why), its liveness probe
+        fails and the kubelet starts a fresh one."""
+        while not stop.wait(SUPERVISE_S):
+            dead = [thread.name for thread in threads if not thread.is_alive()]
+            if dead:
+                self.failed = f"thread {', '.join(dead)} died"
+                log.error("%s: stopping", self.failed)
+                stop.set()
 
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()

@@ -71,14 +71,18 @@ def run_agent(args: argparse.Namespace) -> int:
         smi = config.tools.get("nvidia-smi") or shutil.which("nvidia-smi") or "nvidia-smi"
         backend = NvidiaSmiRepair(smi, config.reboot_command)
     executor = agent.orders.repairs(kube, backend)
-    threading.Thread(target=executor.run, args=(stop,), name="repairs", daemon=True).start()
+    repairs = threading.Thread(target=executor.run, args=(stop,), name="repairs", daemon=True)
+    repairs.start()
     log.info(
         "gpuguard agent publishing %s conditions for node %s; kernel log: %s",
         config.condition_profile,
         args.node_name,
         follower.description,
     )
-    agent.run(stop)
+    agent.run(stop, also_supervise=[repairs])
+    if agent.failed:
+        log.error("gpuguard agent failed: %s", agent.failed)
+        return 1
     log.info("gpuguard agent stopped")
     return 0
 

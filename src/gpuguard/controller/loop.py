@@ -176,6 +176,7 @@ class Controller:
                 stop.wait(self.retry_s)
         for thread in watches:  # ended by _wake_on_stop; none is left reading the client
             thread.join(WATCH_JOIN_S)
+        election.join(WATCH_JOIN_S)  # its release of the Lease lets the standby lead now
 
     def wake(self) -> None:
         """Run a pass now rather than at the deadline (something changed that no watch
