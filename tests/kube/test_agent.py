@@ -124,6 +124,28 @@ def test_healthy_node_gets_three_true_conditions(control_plane, node, start_agen
         assert found["message"].startswith("checked by")
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_check_loop_stops_the_agent_rather_than_freeze_its_verdict(
+    control_plane, node, start_agent, tmp_path
+):
+    """A loop that dies (here: storing its result raises, as a bug would) leaves its
+    layer's last verdict, Healthy, standing for good: the agent stops itself instead."""
+    sources, log = bundle_from("healthy-h100", tmp_path)
+    running = start_agent(node, sources, log)
+    wait_for(condition_is(control_plane, node, GPU, "True", "Healthy"), what="healthy first")
+    state = running.agent.state
+    store = state.put_result
+
+    def broken(name: str, result: Any) -> None:
+        if name == "nvidia-smi":
+            raise RuntimeError("a bug in storing a result")
+        store(name, result)
+
+    state.put_result = broken  # type: ignore[method-assign]
+    wait_for(lambda: not running.thread.is_alive(), 20, "the agent to stop")
+    assert running.agent.failed == "thread loop-nvidia-smi died"
+
+
 @pytest.mark.parametrize(
     ("example", "kind", "reason"),
     [
