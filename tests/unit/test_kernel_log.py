@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpuguard.checks.kernel_log.check import classify_log, scan
+from gpuguard.checks.kernel_log.incidents import SAMPLE_CHARS
 from gpuguard.checks.kernel_log.messages import parse_line
+from gpuguard.checks.kernel_log.tally import MAX_INCIDENTS, IncidentTally
 from gpuguard.model import Action, Layer, Severity
 from tests.conftest import read_data
 
@@ -175,3 +177,29 @@ def test_non_nvidia_noise_yields_nothing():
     noise = "\n".join(line for line in log if "NVRM" not in line)
     assert noise  # the fixture has peermem chatter
     assert scan(noise) == []
+
+
+def test_incidents_are_bounded_and_a_fatal_xid_is_never_pushed_out():
+    tally = IncidentTally()
+    for n in range(3 * MAX_INCIDENTS):  # job faults on ever new addresses (junk, say)
+        tally.add(parse_line(f"NVRM: Xid (PCI:0000:{n // 256:02x}:{n % 256:02x}): 13, x"), n)
+    tally.add(parse_line("NVRM: Xid (PCI:0000:91:00): 79, GPU has fallen off the bus."), 1e6)
+    assert len(tally) <= MAX_INCIDENTS
+    assert "XID_79" in codes(tally.findings("kernel-log"))
+    for n in range(2 * MAX_INCIDENTS):  # fatal ones fill it: the newest are only counted
+        tally.add(parse_line(f"NVRM: Xid (PCI:0001:{n // 256:02x}:{n % 256:02x}): 79, x"), 2e6)
+    assert len(tally) == MAX_INCIDENTS and tally.dropped > 0
+    found = tally.findings("kernel-log")
+    assert ("XID_79", "0000:91:00.0") in {(f.code, f.component.id) for f in found}
+    assert all(f.severity is Severity.CRITICAL for f in found)
+
+
+def test_an_incident_keeps_one_bounded_sample_and_a_bounded_list_of_processes():
+    tally = IncidentTally()
+    for pid in range(100):
+        line = f"NVRM: Xid (PCI:0000:38:00): 13, pid={pid}, name=job{pid}, " + "E" * 10_000
+        tally.add(parse_line(line), 0.0)
+    (finding,) = tally.findings("kernel-log")
+    assert len(finding.evidence) <= SAMPLE_CHARS
+    assert "100 line(s) on 1 GPU(s)" in finding.message
+    assert finding.message.endswith("job7 (pid 7) and more")

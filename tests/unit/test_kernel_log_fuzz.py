@@ -3,10 +3,12 @@ whatever Xid line it is fed, the verdict stays on the ladder and names the GPU."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.checks.kernel_log.check import classify_log
+from gpuguard.checks.kernel_log.check import RepeatScanner, classify_log, scan
 from gpuguard.model import Action, Severity
 from tests.conftest import DATA
 
@@ -47,3 +49,36 @@ def test_any_xid_line_gives_one_finding_for_its_gpu(domain, bus, device, code, t
     assert finding.component.id == f"{domain:04x}:{bus}:{device}.0"
     if code not in (45, 154):
         assert finding.code == f"XID_{code}"
+
+
+STAMPS = st.sampled_from(
+    [
+        "",
+        "[ 5.123456] ",
+        "[6781741.548779] ",
+        "6,1234,5678901,-;",
+        "4,77,12,c;",
+        "2026-12-01T08:00:00+0000 host kernel: ",
+        "2026-12-01T08:00:00.123456Z ",
+    ]
+)
+MESSAGES = st.sampled_from([line for log in REAL_LOGS for line in log.splitlines()][:4000])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(STAMPS, st.one_of(MESSAGES, st.text(max_size=80)), st.integers(1, 3)),
+        max_size=30,
+    )
+)
+def test_repeats_parsed_once_read_as_every_line_parsed(lines):
+    # RepeatScanner parses a message seen before (time stamp aside) from its cache: the
+    # events must be those of parsing every line, all but the line each came from.
+    log = "".join(
+        f"{stamp}{message}\n".replace("\r", "") * times for stamp, message, times in lines
+    ).encode("utf-8", errors="surrogatepass")
+    scanner = RepeatScanner()
+    cached = [replace(e, line="") for e in scanner.events(log) + scanner.events(log)]
+    parsed = [replace(e, line="") for e in scan(log) + scan(log)]
+    assert cached == parsed

@@ -56,26 +56,25 @@ class FileFollower:
         self.description = str(path)
 
     def follow(self, sink: LogSink, stop: threading.Event) -> None:
-        if (problem := self._problem()) is not None:
-            raise OSError(f"{self.path}: {problem}")
+        if isinstance(info := self._stat(), str):
+            raise OSError(f"{self.path}: {info}")
         identity: tuple[int, int] | None = None
         position = 0
         cutter = LineCutter()
         missing_since: float | None = None
         said = False
         while not stop.is_set():
-            problem = self._problem()
-            if problem is not None:
+            info = self._stat()
+            if isinstance(info, str):
                 now = time.monotonic()
                 missing_since = now if missing_since is None else missing_since
                 if not said and now - missing_since >= self.grace_s:
-                    sink.unreadable(f"{self.path}: {problem} for {now - missing_since:.1f}s")
+                    sink.unreadable(f"{self.path}: {info} for {now - missing_since:.1f}s")
                     said = True
                 identity = None  # whatever comes back is another file: read it all
                 stop.wait(self.poll_s)
                 continue
             missing_since, said = None, False
-            info = self.path.stat()
             reset = identity != (info.st_dev, info.st_ino) or info.st_size < position
             if reset:
                 identity, position, cutter = (info.st_dev, info.st_ino), 0, LineCutter()
@@ -83,18 +82,23 @@ class FileFollower:
                 position = self._read(position, cutter, sink, reset, stop)
             stop.wait(self.poll_s)
 
-    def _problem(self) -> str | None:
+    def _stat(self) -> os.stat_result | str:
+        """The file's status, or what is wrong with it."""
         try:
-            mode = self.path.stat().st_mode
+            info = self.path.stat()
         except FileNotFoundError:
             return "no such file"
-        return None if stat.S_ISREG(mode) else "not a regular file"
+        return info if stat.S_ISREG(info.st_mode) else "not a regular file"
 
     def _read(
         self, position: int, cutter: LineCutter, sink: LogSink, reset: bool, stop: threading.Event
     ) -> int:
         """Everything from ``position`` on, a chunk at a time; the new position."""
-        with self.path.open("rb") as handle:
+        try:
+            handle = self.path.open("rb")
+        except FileNotFoundError:  # gone since its stat: the next poll says so
+            return position
+        with handle:
             handle.seek(position)
             while True:
                 chunk = handle.read(READ_BYTES)

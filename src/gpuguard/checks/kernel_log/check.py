@@ -11,6 +11,10 @@ One printk call can hold several lines (the driver's "fallen off the bus" messag
 three). Collectors deliver them as separate records, as one journald entry whose lines
 follow each other, or as one ``/dev/kmsg`` record with the newlines escaped as ``\\x0a``;
 every shape ends up as the same sequence of lines here.
+
+The agent reads through :class:`RepeatScanner`, which parses each distinct message once
+(a flood of one message costs a look-up a line) and hands the events to
+``tally.IncidentTally``, which counts them into incidents rather than keeping lines.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def _decoded(line: bytes) -> str:
 # "6,1234,5678901,-;", an ISO time (journald's short-iso, rsyslog's). Nothing the grammar
 # reads lies in it, so lines equal after it parse to the same events.
 _STAMP = re.compile(
-    rb"(?:\[\s*\d+\.\d+\]|\d+,\d+,\d+,[^;\s]{0,64};"
+    rb"^(?:\[ *\d+\.\d+\]|\d+,\d+,\d+,[^;\s]{0,64};"
     rb"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)[ \t]*"
 )
 _CACHED_CHARS = 1024  # a longer line is parsed every time (it is no kernel record)
@@ -103,22 +107,31 @@ class RepeatScanner:
     def __init__(self) -> None:
         self._parsed: dict[bytes, tuple[KernelEvent, ...]] = {}
 
-    def events(self, block: bytes) -> Iterator[KernelEvent]:
+    def events(self, block: bytes) -> list[KernelEvent]:
+        """The events of ``block``'s lines, in log order."""
+        found: list[KernelEvent] = []
         parsed = self._parsed
-        for start, end in _relevant_spans(block):
-            line = block[start:end]
-            stamp = _STAMP.match(line)
-            key = line[stamp.end() :] if stamp else line
+        next_line = 0  # as in _relevant_spans, inlined: this runs for every line of a flood
+        for _, start, _ in _FINDER.find_matches_as_indexes(block):
+            if start < next_line:
+                continue
+            end = block.find(b"\n", start)
+            if end < 0:
+                end = len(block)
+            next_line = end
+            line = block[block.rfind(b"\n", 0, start) + 1 : end]
+            key = line[m.end() :] if (m := _STAMP.match(line)) else line
             events = parsed.get(key)
-            if events is None:
-                events = tuple(
-                    e for part in split_record(_decoded(line)) if (e := parse_line(part))
-                )
-                if len(key) <= _CACHED_CHARS:
-                    if len(parsed) >= _CACHED_LINES:
-                        parsed.clear()
-                    parsed[key] = events
-            yield from events
+            found.extend(self._parse(key, line) if events is None else events)
+        return found
+
+    def _parse(self, key: bytes, line: bytes) -> tuple[KernelEvent, ...]:
+        events = tuple(e for part in split_record(_decoded(line)) if (e := parse_line(part)))
+        if len(key) <= _CACHED_CHARS:
+            if len(self._parsed) >= _CACHED_LINES:
+                self._parsed.clear()
+            self._parsed[key] = events
+        return events
 
     def forget(self) -> None:
         self._parsed.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from gpuguard.checks.kernel_log.messages import KernelEvent
 from gpuguard.checks.xid_catalog import rule_for, xid_finding
@@ -185,7 +186,7 @@ def key_for(event: KernelEvent, device: str, last_app: int | None) -> IncidentKe
             return ("app", last_app, device)
         if code == 45 and event.caused_by is not None:
             return ("xid", code, device, event.caused_by)
-        return ("app", code, device) if rule_for(code).application else ("xid", code, device, None)
+        return ("app", code, device) if _application(code) else ("xid", code, device, None)
     if kind in DRIVER_RULES:
         layer = DRIVER_RULES[kind][0]
         return ("driver", kind, gpu_or_node(device) if layer is Layer.GPU else NODE)
@@ -197,6 +198,11 @@ def key_for(event: KernelEvent, device: str, last_app: int | None) -> IncidentKe
     if kind == "kernel":
         return ("kernel", _kernel_rule(event)[1])
     return None
+
+
+@lru_cache(maxsize=1024)
+def _application(code: int) -> bool:
+    return rule_for(code).application
 
 
 def incident_findings(

@@ -28,6 +28,9 @@ from gpuguard.model import Finding, Severity
 
 MAX_INCIDENTS = 512
 _EVICT_AT_ONCE = 64  # room made in one go, so that a flood of new keys stays cheap
+# Kinds whose incident depends on the event alone (a driver message's may borrow its GPU
+# from the line before), and to which a repeat adds nothing but a line.
+_SAME_KEY_WHEN_REPEATED = frozenset({"xid", "sxid", "efa", "kernel"})
 
 
 class IncidentTally:
@@ -38,6 +41,11 @@ class IncidentTally:
         self._named: tuple[int, str] | None = None  # (index, address) of the last GPU named
         self._last_app: int | None = None  # the latest application Xid's code
         self.dropped = 0
+        # The last event and its incident: a repeat of the same event object (a flood,
+        # through RepeatScanner's cache) goes to the same incident.
+        self._last: tuple[KernelEvent, Incident] | None = None
+        self._critical: set[IncidentKey] = set()  # keys known to be critical
+        self._saturated = False  # every incident kept is critical
 
     def __len__(self) -> int:
         return len(self._incidents)
@@ -45,6 +53,11 @@ class IncidentTally:
     def add(self, event: KernelEvent, now: float) -> None:
         """Count one event (in log order)."""
         self._index += 1
+        if self._last is not None and self._last[0] is event:
+            self._last[1].lines += 1  # a flood's next line: already known to the incident
+            self._last[1].last_at = now
+            return
+        self._last = None
         device = event.device
         if event.kind == "gpu_named":
             self._named = (self._index, device)
@@ -62,6 +75,8 @@ class IncidentTally:
                 return
             incident = self._incidents[key] = Incident(sample(event), device, now, now)
         incident.add(event, now)
+        if event.kind in _SAME_KEY_WHEN_REPEATED:
+            self._last = (event, incident)
         if key[0] == "app":
             assert isinstance(key[1], int)
             self._last_app = key[1]
@@ -72,9 +87,12 @@ class IncidentTally:
 
     def drop(self, unwanted: Callable[[IncidentKey, Incident], bool]) -> bool:
         """Forget the incidents ``unwanted`` names; True when there were any."""
+        self._last = None
         gone = [key for key, incident in self._incidents.items() if unwanted(key, incident)]
         for key in gone:
             del self._incidents[key]
+            self._critical.discard(key)
+        self._saturated = self._saturated and not gone
         if self._last_app is not None and not any(
             k[0] == "app" and k[1] == self._last_app for k in self._incidents
         ):
@@ -85,16 +103,30 @@ class IncidentTally:
         return incident_findings(list(self._incidents.items()), source)
 
     def _make_room(self) -> bool:
+        """Forget the least recently seen incidents that are not critical (job faults
+        first); False when every one is critical. An incident once critical stays so (a
+        key's first line decides, an SXid only ever turns fatal), so that is known until
+        one is dropped, and a flood of new keys then costs nothing."""
+        self._last = None
+        if self._saturated:
+            return False
+
         def rank(item: tuple[IncidentKey, Incident]) -> tuple[bool, float]:
             return item[0][0] != "app", item[1].last_at
 
-        candidates = sorted(self._incidents.items(), key=rank)
-        evictable = [key for key, i in candidates if not self._critical(key, i)]
+        evictable = []
+        for key, incident in sorted(self._incidents.items(), key=rank):
+            if key in self._critical or self._is_critical(key, incident):
+                self._critical.add(key)
+            else:
+                evictable.append(key)
         for key in evictable[:_EVICT_AT_ONCE]:
             del self._incidents[key]
+        self._saturated = not evictable
         return bool(evictable)
 
-    def _critical(self, key: IncidentKey, incident: Incident) -> bool:
+    @staticmethod
+    def _is_critical(key: IncidentKey, incident: Incident) -> bool:
         found = incident_findings([(key, incident)], "")
         return any(f.severity is Severity.CRITICAL for f in found)
 
