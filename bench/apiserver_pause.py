@@ -52,7 +52,14 @@ sys.path.insert(0, str(REPO))
 from gpuguard.agent.repair import BundleRepair, RepairExecutor  # noqa: E402
 from gpuguard.controller.loop import LEASE_NAME  # noqa: E402
 from gpuguard.kube.rest import LEASES, KubeApi, load_api  # noqa: E402
-from tests.chaos.conftest import Replica, start_replica  # noqa: E402
+from tests.chaos.conftest import (  # noqa: E402
+    Replica,
+    phase,
+    pod_budget,
+    released,
+    running_pods,
+    start_replica,
+)
 from tests.support.audit import (  # noqa: E402
     AuditLog,
     Write,
@@ -64,11 +71,10 @@ from tests.support.cluster import (  # noqa: E402
     finish_terminating_pods,
     install_crds,
     make_node,
-    make_pod,
     set_health,
     wait_for,
 )
-from tests.support.controllers import POOL, remediations, tainted  # noqa: E402
+from tests.support.controllers import POOL, tainted  # noqa: E402
 from tests.support.controlplane import ControlPlane, testenv_bin  # noqa: E402
 
 NAMESPACE = "gpuguard"  # the Lease, the pods and their budget
@@ -167,19 +173,6 @@ def publish_when_back(api: KubeApi, node: str) -> None:
             time.sleep(0.5)
 
 
-def phase(api: KubeApi, node: str) -> str:
-    found = remediations(api, node)
-    newest = max(found, key=lambda r: r["spec"]["openedAt"], default=None)
-    return str(((newest or {}).get("status") or {}).get("phase", ""))
-
-
-def released(api: KubeApi, node: str) -> bool:
-    found = remediations(api, node)
-    closed = bool(found) and all((r.get("status") or {}).get("phase") == "Closed" for r in found)
-    spec = api.get(f"/api/v1/nodes/{node}").get("spec") or {}
-    return closed and not tainted(api, node) and not spec.get("unschedulable")
-
-
 def one_round(
     index: int,
     args: argparse.Namespace,
@@ -194,22 +187,8 @@ def one_round(
     for node in (drain, late):
         make_node(api, node, labels={POOL: "h100"})
         set_health(api, node)
-    pods = [f"{drain}-{i}" for i in range(PODS)]
-    for pod in pods:
-        make_pod(api, NAMESPACE, pod, drain, labels={"app": drain})
-        api.patch(
-            f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/status", {"status": {"phase": "Running"}}
-        )
-    budget = f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/{drain}"
-    api.create(
-        budget.rsplit("/", 1)[0],
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": drain},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": drain}}},
-        },
-    )
+    running_pods(api, NAMESPACE, drain, PODS, app=drain)
+    budget = pod_budget(api, NAMESPACE, drain, max_unavailable=1)
     pacer.add(budget)
     agent_api = load_api(plane.client_kubeconfig(f"agent-{drain}"))
     agent_stop = threading.Event()

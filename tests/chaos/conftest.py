@@ -25,15 +25,17 @@ import yaml
 
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.controller.loop import LEASE_NAME
-from gpuguard.kube.rest import LEASES, KubeApi, load_api
+from gpuguard.kube.rest import LEASES, NODES, PODS, KubeApi, load_api
 from tests.kube.conftest import api, control_plane, namespace, node  # noqa: F401
 from tests.support.audit import AuditLog
 from tests.support.cluster import (
     finish_terminating_pods,
     install_crds,
+    make_pod,
     scratch_namespace,
     wait_for,
 )
+from tests.support.controllers import remediations, tainted
 from tests.support.controlplane import ControlPlane, testenv_bin
 
 T = TypeVar("T")
@@ -235,3 +237,56 @@ def quiet_for(seconds: float, find: Callable[[], list[T]]) -> list[T]:
         if found or time.monotonic() >= deadline:
             return found
         time.sleep(0.1)
+
+
+# --- what the tests and bench/apiserver_pause.py ask of the cluster ------------------------
+def status(client: KubeApi, name: str) -> dict[str, Any]:
+    """The status of node ``name``'s newest episode ({} while it has none)."""
+    found = sorted(remediations(client, name), key=lambda r: r["spec"]["openedAt"])
+    return dict(found[-1].get("status") or {}) if found else {}
+
+
+def phase(client: KubeApi, name: str) -> str:
+    return str(status(client, name).get("phase", ""))
+
+
+def cordoned(client: KubeApi, name: str) -> bool:
+    return bool(client.get(NODES.path(name)).get("spec", {}).get("unschedulable"))
+
+
+def released(client: KubeApi, name: str) -> bool:
+    """Closed, untainted and uncordoned (the close is written before the release)."""
+    return bool(status(client, name).get("resolution")) and not (
+        tainted(client, name) or cordoned(client, name)
+    )
+
+
+def running_pods(client: KubeApi, pod_namespace: str, name: str, count: int, app: str) -> list[str]:
+    """``count`` pods ``<app>-<i>`` bound to node ``name`` and set Running (as the kubelet
+    would), labelled ``app``."""
+    pods = [f"{app}-{i}" for i in range(count)]
+    for pod in pods:
+        make_pod(client, pod_namespace, pod, name, labels={"app": app})
+        client.patch(
+            PODS.path(pod, namespace=pod_namespace, sub="status"), {"status": {"phase": "Running"}}
+        )
+    return pods
+
+
+def pod_budget(client: KubeApi, pod_namespace: str, app: str, max_unavailable: int = 0) -> str:
+    """A PodDisruptionBudget over the ``app`` pods; returns its path. There is no
+    disruption controller here: until its status is written, every eviction is refused."""
+    path = f"/apis/policy/v1/namespaces/{pod_namespace}/poddisruptionbudgets"
+    client.create(
+        path,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": app},
+            "spec": {
+                "maxUnavailable": max_unavailable,
+                "selector": {"matchLabels": {"app": app}},
+            },
+        },
+    )
+    return f"{path}/{app}"

@@ -15,7 +15,17 @@ from typing import Any
 
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi
-from tests.chaos.conftest import Controllers, Replica, quiet_for
+from tests.chaos.conftest import (
+    Controllers,
+    Replica,
+    cordoned,
+    phase,
+    pod_budget,
+    quiet_for,
+    released,
+    running_pods,
+    status,
+)
 from tests.support.audit import (
     AuditLog,
     Write,
@@ -24,7 +34,7 @@ from tests.support.audit import (
     evictions,
     repair_requests,
 )
-from tests.support.cluster import make_node, make_pod, set_health, wait_for
+from tests.support.cluster import make_node, set_health, wait_for
 from tests.support.controllers import POOL, node, node_name, remediations, tainted
 
 POLICY: dict[str, Any] = {
@@ -51,51 +61,6 @@ def new_node(api: KubeApi) -> str:
 
 def needs_reboot(api: KubeApi, name: str) -> None:
     set_health(api, name, gpu="False", action="REBOOT", codes=("NVLINK_DOWN",))
-
-
-def status(api: KubeApi, name: str) -> dict[str, Any]:
-    """The status of the node's newest episode ({} while it has none)."""
-    found = sorted(remediations(api, name), key=lambda r: r["spec"]["openedAt"])
-    return dict(found[-1].get("status") or {}) if found else {}
-
-
-def phase(api: KubeApi, name: str) -> str:
-    return str(status(api, name).get("phase", ""))
-
-
-def cordoned(api: KubeApi, name: str) -> bool:
-    return bool(node(api, name).get("spec", {}).get("unschedulable"))
-
-
-def released(api: KubeApi, name: str) -> bool:
-    """Closed, untainted and uncordoned (the close is written before the release)."""
-    return bool(status(api, name).get("resolution")) and not (
-        tainted(api, name) or cordoned(api, name)
-    )
-
-
-def running_pods(api: KubeApi, namespace: str, name: str, count: int, app: str) -> list[str]:
-    pods = [f"{app}-{i}" for i in range(count)]
-    for pod in pods:
-        make_pod(api, namespace, pod, name, labels={"app": app})
-        api.patch(
-            f"/api/v1/namespaces/{namespace}/pods/{pod}/status", {"status": {"phase": "Running"}}
-        )
-    return pods
-
-
-def block_evictions(api: KubeApi, namespace: str, app: str) -> str:
-    """A budget without status (no disruption controller here): every eviction is refused."""
-    api.create(
-        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": app},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}},
-        },
-    )
-    return f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{app}"
 
 
 def pair(controllers: Controllers, policy: dict[str, Any]) -> tuple[Replica, Replica]:
@@ -253,7 +218,7 @@ def test_an_uncordon_during_the_drain_is_undone(audited_api, audited_namespace, 
     api = audited_api
     name = new_node(api)
     running_pods(api, audited_namespace, name, 1, "training")
-    block_evictions(api, audited_namespace, "training")
+    pod_budget(api, audited_namespace, "training")
     controller = controllers.start("only", POLICY)
     controllers.wait_leading(controller)
     needs_reboot(api, name)
@@ -299,7 +264,7 @@ def test_a_leader_stopped_mid_drain_releases_the_lease_and_nothing_is_repeated(
     api = audited_api
     name = new_node(api)
     pods = running_pods(api, audited_namespace, name, 3, "training")
-    budget = block_evictions(api, audited_namespace, "training")
+    budget = pod_budget(api, audited_namespace, "training")
     agent = agents(name)
     old, new = pair(controllers, POLICY)
     needs_reboot(api, name)
