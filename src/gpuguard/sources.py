@@ -137,7 +137,8 @@ class LiveSources:
                 if method == "kmsg":
                     return read_kmsg_snapshot(KMSG)
                 if method == "journalctl":
-                    argv = [self.tool("journalctl"), "-k", "-b", "--no-pager", "-q"]
+                    # The newest lines of a long boot, within the output cap.
+                    argv = [self.tool("journalctl"), "-k", "-b", "-n", "20000", "--no-pager", "-q"]
                 else:
                     argv = [self.tool("dmesg"), "--time-format=iso"]
                 output = run_tool(argv, timeout_s)

@@ -29,9 +29,10 @@ from gpuguard.errors import CheckFailed, CheckTimedOut, ToolMissing
 
 log = logging.getLogger("gpuguard.tools")
 
-# Far above any real report (an 8-GPU nvidia-smi -q -x is a few hundred KB; the biggest
-# capture in tests/data is 145 KB) and far below the agent's 128 MiB memory limit.
-MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+# Far above any real report (nvidia-smi -q -x is up to ~120 KB per GPU, Blackwell's clock
+# tables: 16 GPUs are 2 MB) and low enough that parsing what passes (XML takes ~12x its
+# size) keeps the agent under its 128 MiB memory limit.
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024
 STDERR_TAIL_BYTES = 4096  # enough to say why a tool died
 KILL_GRACE_S = 0.2  # how long a killed tool gets to close its pipes and be reaped
 READ_BYTES = 64 * 1024

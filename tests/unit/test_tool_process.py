@@ -95,8 +95,9 @@ def test_output_of_exactly_the_cap_is_kept_whole(tmp_path):
 
 
 def test_real_outputs_fit_far_under_the_cap():
+    # The captures are of one GPU or a whole node; a 16-GPU node's worst is 16 of the biggest.
     biggest = max(path.stat().st_size for path in DATA.iterdir() if path.is_file())
-    assert 50 * biggest < MAX_OUTPUT_BYTES  # 8-GPU reports are a fraction of the biggest
+    assert 16 * biggest < MAX_OUTPUT_BYTES
 
 
 def test_memory_stays_bounded_under_a_300_mb_output(tmp_path):
