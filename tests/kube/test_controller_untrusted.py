@@ -17,6 +17,7 @@ import pytest
 
 from gpuguard.contract.breaker import DATA_KEY
 from gpuguard.contract.keys import BREAKER_CONFIGMAP
+from gpuguard.contract.times import format_time
 from gpuguard.controller.loop import Controller
 from gpuguard.kube.errors import KubeFenced
 from gpuguard.kube.remediations import NODE_REMEDIATIONS, save_episode
@@ -175,3 +176,32 @@ def test_an_episode_write_from_a_stale_version_is_refused(api: KubeApi) -> None:
     assert newer != stale
     with pytest.raises(KubeConflict):
         save_episode(api, episode, resource_version=stale)  # the thawed replica's
+
+
+# row 58 (F7) with row 59's skew: silence is judged on the controller's clock.
+def test_an_agent_is_silent_when_its_report_stops_changing_not_when_its_clock_is_behind(
+    api: KubeApi, start_controller: Callable[..., Controller]
+) -> None:
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    set_health(api, name)
+    document = json.loads(node(api, name)["metadata"]["annotations"][REPORT])
+
+    def report(stamp_s: float) -> None:  # the agent's heartbeat, its clock an hour behind
+        document["reportedAt"] = format_time(stamp_s)
+        api.patch(
+            f"/api/v1/nodes/{name}", {"metadata": {"annotations": {REPORT: json.dumps(document)}}}
+        )
+
+    behind = time.time() - 3600
+    report(behind)
+    controller = start_controller(agent_timeout_s=3, unknown_grace_s=0)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # heartbeats keep coming: alive, however stamped
+        behind += 1
+        report(behind)
+        reconciled(controller, times=1)
+    assert not tainted(api, name) and not events_about(api, name, "AgentSilent")
+    wait_for(lambda: events_about(api, name, "AgentSilent"), what="the AgentSilent Event")
+    wait_for(lambda: tainted(api, name), what="the silent agent's node tainted")
+    assert "request" not in status_of(api, name)

@@ -117,6 +117,8 @@ class Controller:
         self.deadline = math.inf  # the last pass's: when it must run again at the latest
         self._held_told: set[str] = set()  # held nodes already announced by an Event
         self._silent_told: set[str] = set()  # silent agents already announced
+        # Per node: the latest report's stamp and when (our clock) it was first seen.
+        self._heard: dict[str, tuple[float | None, float]] = {}
         self.watch_threads: list[threading.Thread] = []
         self.failed = ""  # why run() ended by itself ("": it did not)
 
@@ -264,6 +266,7 @@ class Controller:
                 self.reconciler.forget_nodes()
                 for node in item.items:
                     self._put(node)
+                self._heard = {n: h for n, h in self._heard.items() if n in self._observed}
                 self.slis.nodes_listed(item.items)
             else:
                 name = item.object["metadata"]["name"]
@@ -340,6 +343,9 @@ class Controller:
             log.exception("Node %s could not be read, its last reading kept", name)
             return False
         self._nodes[name], self._observed[name] = node, observed
+        heard = self._heard.get(name)
+        if heard is None or heard[0] != observed.reported_at:  # a new report: the agent lives
+            self._heard[name] = (observed.reported_at, self.clock.now())
         attended |= self.reconciler.track(name, observed)  # replaces the old one's pool
         return (
             attended or old is None or old.pool != observed.pool or name in self.reconciler.episodes
@@ -348,6 +354,7 @@ class Controller:
     def _drop(self, name: str) -> None:
         self._nodes.pop(name, None)
         self._observed.pop(name, None)
+        self._heard.pop(name, None)
         self.reconciler.track(name, None)
 
     # --- one pass -----------------------------------------------------------------
@@ -390,14 +397,19 @@ class Controller:
 
     def _silent_agents(self, now: float) -> tuple[dict[str, float], float]:
         """Nodes whose agent has not reported for ``agent_timeout_s``, with when it went
-        silent, and when the next one will (one pass over the cache: cheap at 5,000)."""
+        silent, and when the next one will (one pass over the cache: cheap at 5,000).
+
+        Judged on this replica's clock, from when it first saw the latest report (as the
+        Lease's expiry is): an agent's clock running behind never makes it silent, and a
+        new leader gives every agent the whole timeout."""
         timeout = self.policy.agent_timeout_s
         silent: dict[str, float] = {}
         upcoming = math.inf
         for name, observed in self._observed.items():
-            if observed.reported_at is None or not observed.layers:
+            reported, heard_at = self._heard.get(name, (None, now))
+            if reported is None or not observed.layers:
                 continue  # no agent yet: nothing it stopped saying
-            since = observed.reported_at + timeout
+            since = heard_at + timeout
             if since < now:
                 silent[name] = since
             else:
@@ -411,8 +423,14 @@ class Controller:
     def _tell_silent(self, silent: Mapping[str, float], now: float) -> None:
         self.metrics.silent_agents.set(len(silent))
         for name in silent.keys() - self._silent_told:
-            last = format_time(silent[name] - self.policy.agent_timeout_s)
-            note = f"the gpuguard agent on {name} has not reported since {last}: layers Unknown"
+            observed = self._observed.get(name)
+            reported = observed.reported_at if observed is not None else None
+            last = format_time(reported) if reported is not None else "(never)"
+            timeout = self.policy.agent_timeout_s
+            note = (
+                f"the gpuguard agent on {name} has not reported for {timeout:g}s (its last "
+                f"report is stamped {last}): what it said was True now reads Unknown"
+            )
             log.warning("%s", note)
             self.applier.events.about_node(name, AGENT_SILENT, note, now)
         self._silent_told = set(silent)

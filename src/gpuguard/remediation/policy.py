@@ -177,8 +177,9 @@ class Policy(_Strict):
     agent_timeout_s: Seconds = Field(
         default=600,
         gt=0,
-        description="An agent whose last report is older than this is silent: what it said "
-        "was True reads Unknown (keep it above 3x the agent's heartbeat_interval_s, 180 s)",
+        description="An agent whose report has not changed for this long (the controller's "
+        "clock) is silent: what it said was True reads Unknown (keep it above 3x the "
+        "agent's heartbeat_interval_s, 180 s)",
     )
     tolerance_s: Seconds = Field(
         default=120, description="A False condition must last this long before any action"
