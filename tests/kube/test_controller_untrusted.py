@@ -70,6 +70,8 @@ def test_a_garbled_report_is_that_nodes_problem_only(
     wait_for(lambda: tainted(api, canary), what="the canary tainted")
     assert all(thread.is_alive() for thread in controller.watch_threads)
     assert not tainted(api, liar)  # its conditions still say True: nothing to act on
+    unreadable = "gpuguard_controller_unreadable_objects_total"
+    assert sample(controller.metrics.registry, unreadable, kind="report") >= 1
 
 
 # F11's other half: what the controller copies from a report into an episode is bounded.

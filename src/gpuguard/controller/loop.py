@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.conditions import TRUE
 from gpuguard.contract.errors import ContractError
+from gpuguard.contract.keys import REPORT_ANNOTATION
 from gpuguard.contract.times import format_time
 from gpuguard.controller.apply import Applier
 from gpuguard.controller.breaker_store import BreakerStore
@@ -343,6 +344,9 @@ class Controller:
             log.exception("Node %s could not be read, its last reading kept", name)
             return False
         self._nodes[name], self._observed[name] = node, observed
+        annotations = node["metadata"].get("annotations") or {}
+        if observed.reported_at is None and REPORT_ANNOTATION in annotations:
+            self.metrics.unreadable.labels("report").inc()  # logged by project_node
         heard = self._heard.get(name)
         if heard is None or heard[0] != observed.reported_at:  # a new report: the agent lives
             self._heard[name] = (observed.reported_at, self.clock.now())
