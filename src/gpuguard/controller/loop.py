@@ -31,6 +31,7 @@ from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.observe import project_node
 from gpuguard.controller.pods import PodCache, slim_pod
 from gpuguard.controller.providers import provider_for
+from gpuguard.controller.silence import Silence
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
 from gpuguard.kube.errors import KubeError, KubeFenced
 from gpuguard.kube.fleet import slim_node
@@ -117,9 +118,7 @@ class Controller:
         self.leading = threading.Event()
         self.deadline = math.inf  # the last pass's: when it must run again at the latest
         self._held_told: set[str] = set()  # held nodes already announced by an Event
-        self._silent_told: set[str] = set()  # silent agents already announced
-        # Per node: the latest report's stamp and when (our clock) it was first seen.
-        self._heard: dict[str, tuple[float | None, float]] = {}
+        self.silence = Silence(policy.agent_timeout_s)
         self.watch_threads: list[threading.Thread] = []
         self.failed = ""  # why run() ended by itself ("": it did not)
 
@@ -267,7 +266,7 @@ class Controller:
                 self.reconciler.forget_nodes()
                 for node in item.items:
                     self._put(node)
-                self._heard = {n: h for n, h in self._heard.items() if n in self._observed}
+                self.silence.keep_only(self._observed.keys())
                 self.slis.nodes_listed(item.items)
             else:
                 name = item.object["metadata"]["name"]
@@ -347,9 +346,7 @@ class Controller:
         annotations = node["metadata"].get("annotations") or {}
         if observed.reported_at is None and REPORT_ANNOTATION in annotations:
             self.metrics.unreadable.labels("report").inc()  # logged by project_node
-        heard = self._heard.get(name)
-        if heard is None or heard[0] != observed.reported_at:  # a new report: the agent lives
-            self._heard[name] = (observed.reported_at, self.clock.now())
+        self.silence.heard(name, observed.reported_at, self.clock.now())
         attended |= self.reconciler.track(name, observed)  # replaces the old one's pool
         return (
             attended or old is None or old.pool != observed.pool or name in self.reconciler.episodes
@@ -358,7 +355,7 @@ class Controller:
     def _drop(self, name: str) -> None:
         self._nodes.pop(name, None)
         self._observed.pop(name, None)
-        self._heard.pop(name, None)
+        self.silence.forget(name)
         self.reconciler.track(name, None)
 
     # --- one pass -----------------------------------------------------------------
@@ -375,7 +372,7 @@ class Controller:
             self._report_unreadable(stored)
             reconciler.history.forget_before(now - self.policy.history_s)
         with self._lock:
-            silent, next_silence = self._silent_agents(now)
+            silent, next_silence = self.silence.silent(self._observed, now)
             # Only nodes that can need a decision; the population sizes budgets and breaker.
             wanted = (reconciler.wanted() | silent.keys()) & self._nodes.keys()
             nodes = {name: self._nodes[name] for name in wanted}
@@ -399,34 +396,13 @@ class Controller:
             self.collect_closed(now)
         return done.plan
 
-    def _silent_agents(self, now: float) -> tuple[dict[str, float], float]:
-        """Nodes whose agent has not reported for ``agent_timeout_s``, with when it went
-        silent, and when the next one will (one pass over the cache: cheap at 5,000).
-
-        Judged on this replica's clock, from when it first saw the latest report (as the
-        Lease's expiry is): an agent's clock running behind never makes it silent, and a
-        new leader gives every agent the whole timeout."""
-        timeout = self.policy.agent_timeout_s
-        silent: dict[str, float] = {}
-        upcoming = math.inf
-        for name, observed in self._observed.items():
-            reported, heard_at = self._heard.get(name, (None, now))
-            if reported is None or not observed.layers:
-                continue  # no agent yet: nothing it stopped saying
-            since = heard_at + timeout
-            if since < now:
-                silent[name] = since
-            else:
-                upcoming = min(upcoming, since)
-        return silent, upcoming
-
     @staticmethod
     def _read(observed: NodeObservation, silent_since: float | None) -> NodeObservation:
         return observed if silent_since is None else silenced(observed, silent_since)
 
     def _tell_silent(self, silent: Mapping[str, float], now: float) -> None:
         self.metrics.silent_agents.set(len(silent))
-        for name in silent.keys() - self._silent_told:
+        for name in sorted(self.silence.newly(silent)):
             observed = self._observed.get(name)
             reported = observed.reported_at if observed is not None else None
             last = format_time(reported) if reported is not None else "(never)"
@@ -437,7 +413,6 @@ class Controller:
             )
             log.warning("%s", note)
             self.applier.events.about_node(name, AGENT_SILENT, note, now)
-        self._silent_told = set(silent)
 
     def _report_unreadable(self, stored: StoredEpisodes) -> None:
         """Count what could not be read, and tell about each node newly held (an Event
