@@ -165,9 +165,11 @@ class Applier:
                 drain.kill_pods(self.api, pods, decision.reason, now=now)
             case Kind.REQUEST_ACTION:
                 if episode is not None and decision.action is not None:
-                    set_request(
+                    version = set_request(
                         self.api, episode, decision.action, decision.attempt, decision.gpus, now
                     )
+                    if version:
+                        self.note_version(object_name(episode.node, episode.opened_at), version)
             case Kind.REPLACE:
                 self.provider.replace(decision.node)
             case Kind.REQUEST_VERIFY:

@@ -184,28 +184,27 @@ def delete_closed_before(api: KubeApi, cutoff: float) -> int:
 
 def set_request(
     api: KubeApi, ep: Episode, action: Action, attempt: int, gpus: tuple[str, ...], now: float
-) -> bool:
-    """Order ``action`` from the node's agent; False (nothing written) when this attempt of
-    this action is already requested, so repeating a decision after a restart is harmless,
-    or when the episode is closed."""
+) -> str:
+    """Order ``action`` from the node's agent; returns the object's new resourceVersion,
+    or "" (nothing written) when this attempt of this action is already requested, so
+    repeating a decision after a restart is harmless, or when the episode is closed."""
     path = NODE_REMEDIATIONS.path(object_name(ep.node, ep.opened_at), sub="status")
     obj = api.get(path)
     if (obj.get("status") or {}).get("phase") == Phase.CLOSED:
-        return False  # closed meanwhile (by another leader): nothing to order
+        return ""  # closed meanwhile (by another leader): nothing to order
     try:
         current = wire.request_of(obj)
     except ContractError as exc:  # ours to write: an unreadable one is replaced
         log.warning("replacing an unreadable request: %s", exc)
         current = None
     if current is not None and (current.action, current.attempt) == (action, attempt):
-        return False
+        return ""
     request = wire.Request(action=action, attempt=attempt, gpus=gpus, requested_at=now)
     patch = {
         "metadata": {"resourceVersion": _version(obj)},  # as read: nothing wrote meanwhile
         "status": {"request": request.model_dump(mode="json", by_alias=True)},
     }
-    api.patch(path, patch)
-    return True
+    return _version(api.patch(path, patch))
 
 
 def read_result(api: KubeApi, ep: Episode) -> ActionResult | None:
