@@ -330,3 +330,32 @@ def test_a_begun_reboot_is_answered_by_the_boot_id(api, tmp_path, boot_now, succ
     assert words in result["message"]
     assert not repairs.exists(), "a begun reboot is never started again"
     assert executor.poll_once() is None and not repairs.exists()
+
+
+# row 57 (F5), the agent's half: the controller may be down when the new machine's agent
+# starts, so the agent itself refuses a repair ordered for the machine before it.
+@pytest.mark.parametrize("same_machine", [True, False], ids=["same-uid", "new-machine"])
+def test_a_repair_ordered_for_the_machine_before_is_not_performed(
+    api, control_plane, tmp_path, same_machine
+):
+    node = node_name()
+    control_plane.request(
+        "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+    )
+    uid = api.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+    opened = time.time()
+    ep = Episode(
+        node=node,
+        opened_at=opened,
+        phase=Phase.ACTING,
+        rung=Action.REBOOT,
+        attempts={Action.REBOOT: 1},
+        node_uid=uid if same_machine else f"{uid[:-4]}dead",
+    )
+    remediations.save_episode(api, ep, new=True)
+    assert remediations.set_request(api, ep, Action.REBOOT, 1, (), now=time.time())
+    repairs = tmp_path / "repairs.log"
+    executor_for(api, node, repairs).poll_once()
+    performed = repairs.read_text().split() if repairs.exists() else []
+    assert performed == (["reboot"] if same_machine else [])
+    control_plane.request("DELETE", f"/api/v1/nodes/{node}")

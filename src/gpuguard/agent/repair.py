@@ -39,7 +39,7 @@ from gpuguard.kube.remediations import (
     report_result,
     report_started,
 )
-from gpuguard.kube.rest import Json, KubeApi, WatchEvent
+from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
 from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult
@@ -212,6 +212,16 @@ class RepairExecutor:
             self._marked.clear()
             return None
         name, request = pending
+        if request.node_uid and request.node_uid != self._own_uid():
+            log.warning(
+                "not performing %s on %s: its episode %s is about the machine that had this "
+                "name before (uid %s)",
+                request.action.name,
+                self.node_name,
+                name,
+                request.node_uid,
+            )
+            return None
         key = (name, request.action.name, request.attempt)
         for stale in [k for k in self._unsent if k != key]:  # the controller moved on
             del self._unsent[stale]
@@ -266,6 +276,11 @@ class RepairExecutor:
             "stopped); not repeated"
         )
         return self._result(request, False, message)
+
+    def _own_uid(self) -> str:
+        """This Node's uid, read when a request names one: a machine registered again under
+        the same name never carries out the repair ordered for the one before it."""
+        return str((self.api.get(NODES.path(self.node_name)).get("metadata") or {}).get("uid", ""))
 
     def _answer(self, key: tuple[str, str, int], name: str, result: ActionResult) -> None:
         """Write the result; kept for the next read if the write fails (the action is

@@ -42,6 +42,7 @@ class ActionRequest:
     requested_at: float
     # The agent's mark that it began this attempt (report_started), if it did.
     started: wire.Started | None = None
+    node_uid: str = ""  # the uid of the Node the episode is about ("": not recorded)
 
 
 def object_name(node: str, opened_at: float) -> str:
@@ -268,8 +269,14 @@ def _unanswered(obj: Json) -> ActionRequest | None:
     started = wire.started_of(obj)
     if started is not None and (started.action, started.attempt) != key:
         started = None  # an earlier attempt's mark
+    node_uid = (obj.get("spec") or {}).get("nodeUID")
     return ActionRequest(
-        request.action, request.attempt, request.gpus, request.requested_at, started
+        request.action,
+        request.attempt,
+        request.gpus,
+        request.requested_at,
+        started,
+        node_uid if isinstance(node_uid, str) else "",
     )
 
 
