@@ -313,3 +313,47 @@ def test_operator_can_read_the_episode_history(api, start_controller):
     mine = wait_for(events, what="the episode's Event")
     assert mine[0]["related"]["kind"] == "NodeRemediation"
     assert json.loads(json.dumps(mine[0]))["type"] == "Warning"
+
+
+def test_evictions_a_budget_refused_are_tried_again_soon_not_at_the_next_beat(
+    api, namespace, start_controller
+):
+    """No watch tells the controller that a disruption budget lets a pod go again (its
+    pods are elsewhere): a refused eviction is retried on a short deadline, as kubectl
+    drain retries, not at the loop's 30 s liveness beat. Resync is 300 s here."""
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    for index in range(2):
+        make_pod(api, namespace, f"held-{index}", name, labels={"app": "held"})
+        api.patch(
+            f"/api/v1/namespaces/{namespace}/pods/held-{index}/status",
+            {"status": {"phase": "Running"}},
+        )
+    budgets = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+    api.create(
+        budgets,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "held"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "held"}}},
+        },
+    )  # no disruption controller here: with no status, every eviction is refused
+    set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
+    controller = start_controller(resync_s=300, drain_timeout_s=600)
+    wait_for(
+        lambda: sample(
+            controller.metrics.registry, "gpuguard_controller_evictions_total", outcome="blocked"
+        ),
+        what="an eviction refused by the budget",
+    )
+    status = {
+        "observedGeneration": 1,
+        "disruptionsAllowed": 2,
+        "currentHealthy": 2,
+        "desiredHealthy": 0,
+        "expectedPods": 2,
+    }
+    api.patch(f"{budgets}/held/status", {"status": status})  # the budget lets both go
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    wait_for(lambda: not api.list(pods).items, 15, "both pods evicted well before the 30 s beat")

@@ -50,9 +50,11 @@ def new_controller(
     dry_run: bool = False,
     *,
     retry_s: float = RETRY_S,
+    resync_s: float = 0.2,
     **policy: Any,
 ) -> Controller:
-    """A controller with the fast test policy (``policy`` overrides its fields)."""
+    """A controller with the fast test policy (``policy`` overrides its fields);
+    ``resync_s``: a long one makes passes run only at deadlines and on watch events."""
     return Controller(
         api,
         Policy(**{**FAST_POLICY, **policy}),
@@ -60,7 +62,7 @@ def new_controller(
         namespace=namespace,
         identity=f"test-{uuid.uuid4().hex[:6]}",
         dry_run=dry_run,
-        resync_s=0.2,
+        resync_s=resync_s,
         retry_s=retry_s,
         lease_s=3,
         renew_s=1,

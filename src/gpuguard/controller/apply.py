@@ -49,6 +49,7 @@ class Applier:
         # NodeRemediation name -> the resourceVersion last seen (watch, list, own writes):
         # each episode write is conditional on it.
         self.versions: dict[str, str] = {}
+        self.evictions_blocked = False  # set by a pass whose evictions a budget refused
 
     def note_version(self, name: str, version: str) -> None:
         """Remember ``version`` unless an answer seen earlier was already newer (a watch
@@ -185,6 +186,7 @@ class Applier:
         self.api.patch(NODES.path(node), patch)
 
     def _count_evictions(self, counts: drain.DrainCounts) -> None:
+        self.evictions_blocked |= counts.blocked > 0
         self.metrics.evictions.labels("evicted").inc(counts.evicted)
         self.metrics.evictions.labels("blocked").inc(counts.blocked)
         self.metrics.evictions.labels("failed").inc(counts.failed)

@@ -60,6 +60,7 @@ COLLECT_EVERY_S = 3600.0
 RESYNC_S = 300.0  # a pass at least this often, whatever the deadline says
 POD_SETTLE_S = 1.0  # pod changes are looked at this long after the first (one pass)
 BEAT_S = LIVENESS_S / 4  # the loop shows it is alive this often, even with nothing to do
+EVICTION_RETRY_S = 5.0  # evictions a disruption budget refused are tried again (kubectl drain: 5 s)
 
 
 class Controller:
@@ -391,6 +392,9 @@ class Controller:
         )
         self.breakers.save(done.plan.breaker)
         self.deadline = min(done.deadline, next_silence)
+        if self.applier.evictions_blocked:  # a budget frees up with no event we watch
+            self.applier.evictions_blocked = False
+            self.deadline = min(self.deadline, now + EVICTION_RETRY_S)
         self._observe_metrics(done, observations, now)
         if now - self._collected_at >= COLLECT_EVERY_S:
             self.collect_closed(now)
