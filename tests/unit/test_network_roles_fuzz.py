@@ -7,7 +7,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuguard.checks.network.check import evaluate_ports, in_scope, link_layer_of
@@ -52,6 +52,28 @@ networks = st.builds(
     networks,
     st.none() | st.integers(min_value=0, max_value=8),
     st.none() | st.sampled_from([100.0, 200.0, 400.0]),
+)
+# Found by this test: the majority model (a tie broken by name) had no linked port.
+@example(
+    tree={
+        "mlx5_0": {
+            "link_layer": "Ethernet",
+            "hca_type": "MT4129",
+            "state": "ACTIVE",
+            "phys_state": "LinkUp",
+            "gbps": 25,
+        },
+        "mlx5_1": {
+            "link_layer": "Ethernet",
+            "hca_type": "MT4125",
+            "state": "ACTIVE",
+            "phys_state": "Polling",
+            "gbps": 25,
+        },
+    },
+    network=NetworkConfig(),
+    expected_nics=None,
+    link_gbps=None,
 )
 def test_disabled_or_unconfigured_ports_never_get_a_disruptive_action(
     tree: dict[str, dict[str, str | int]],
