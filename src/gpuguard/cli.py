@@ -17,6 +17,8 @@ from gpuguard import __version__
 from gpuguard.bundle import collect
 from gpuguard.checks.registry import FALLBACKS, default_checks
 from gpuguard.checks.xid_catalog import OVERRIDES, rule_for
+from gpuguard.cleanup_command import add_arguments as add_cleanup_arguments
+from gpuguard.cleanup_command import run_cleanup
 from gpuguard.config import Config, load_config
 from gpuguard.controller.options import add_arguments as add_controller_arguments
 from gpuguard.errors import ConfigError
@@ -129,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_arguments(run)
 
+    cleanup = commands.add_parser(
+        "cleanup",
+        help="take gpuguard's conditions, taint, cordon and annotations off the Nodes "
+        "(a dry run unless --apply; the chart runs it on uninstall)",
+    )
+    add_cleanup_arguments(cleanup)
+
     xid = commands.add_parser("xid", help="explain an Xid code and what gpuguard does about it")
     xid.add_argument("code", type=int, metavar="N")
     return parser
@@ -153,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpuguard.sim.command import run_simulate
 
             return run_simulate(args)
+        if args.command == "cleanup":
+            return run_cleanup(args)
         if args.command == "agent":
             # Imported here: the agent's dependencies cost start-up time `check` skips.
             from gpuguard.agent.main import run_agent

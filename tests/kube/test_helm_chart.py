@@ -11,11 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -240,7 +243,11 @@ def installed(control_plane: ControlPlane, helm) -> Iterator[dict[str, dict[str,
 
 
 def test_every_rendered_object_is_accepted_by_the_api_server(installed):
-    agent = [key for key in installed if not key.split("/")[1].startswith("gpuguard-controller")]
+    agent = [
+        key
+        for key in installed
+        if not key.split("/")[1].startswith(("gpuguard-controller", "gpuguard-cleanup"))
+    ]
     assert sorted(key.split("/")[0] for key in agent) == sorted(
         [
             "ClusterRole",
@@ -263,6 +270,41 @@ def test_every_rendered_object_is_accepted_by_the_api_server(installed):
     pod_spec = daemonset["spec"]["template"]["spec"]
     assert pod_spec["priorityClassName"] == "system-node-critical"
     assert pod_spec["serviceAccountName"] == "gpuguard"
+    cleanup = sorted(k.split("/")[0] for k in installed if k.endswith("/gpuguard-cleanup"))
+    kinds = ["ClusterRole", "ClusterRoleBinding", "Job", "Role", "RoleBinding", "ServiceAccount"]
+    assert cleanup == kinds
+    hook = installed["Job/gpuguard-cleanup"]["metadata"]["annotations"]
+    assert hook["helm.sh/hook"] == "post-delete"
+
+
+def test_the_uninstall_hook_may_do_its_cleanup_and_nothing_more(control_plane, installed, tmp_path):
+    """The hook Job's own command, with its ServiceAccount's token: RBAC lets it list the
+    pods it waits for, read and patch Nodes and their conditions, and no more."""
+    name = f"gpu-{uuid.uuid4().hex[:8]}"
+    control_plane.request(
+        "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+    )
+    condition = {"type": "GpuguardGPUHealthy", "status": "False", "reason": "Xid79"}
+    control_plane.request(
+        "PATCH",
+        f"/api/v1/nodes/{name}/status",
+        {"status": {"conditions": [condition]}},
+        "application/strategic-merge-patch+json",
+    )
+    token = control_plane.service_account_token(NAMESPACE, "gpuguard-cleanup")
+    kubeconfig = tmp_path / "cleanup.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(control_plane.kubeconfig_for_token(token)))
+    (container,) = installed["Job/gpuguard-cleanup"]["spec"]["template"]["spec"]["containers"]
+    command = [sys.executable, "-m", "gpuguard.cli", *container["command"][1:]]
+    command += ["--node", name, "--kubeconfig", str(kubeconfig)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"removed {name}: condition GpuguardGPUHealthy" in done.stdout
+    left = control_plane.request("GET", f"/api/v1/nodes/{name}")["status"].get("conditions")
+    assert not left
+    denied = Caller(control_plane, token)("DELETE", f"/api/v1/nodes/{name}")
+    assert denied[0] == 403
+    control_plane.request("DELETE", f"/api/v1/nodes/{name}")
 
 
 # --- the agent's credential -----------------------------------------------------------

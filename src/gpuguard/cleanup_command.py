@@ -1,0 +1,67 @@
+"""``gpuguard cleanup``: take gpuguard's conditions, taint, cordon and annotations off every
+Node (``kube/cleanup.py`` says what and why). A dry run unless ``--apply``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuguard.contract.conditions import PROFILES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--apply", action="store_true", help="remove what is listed (default: only list it)"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="gpuguard",
+        help="the agents' condition_profile: with eks, the EKS-named conditions are "
+        "gpuguard's too and go (default: gpuguard's own names only)",
+    )
+    parser.add_argument("--node", metavar="NAME", help="only this Node")
+    parser.add_argument(
+        "--kubeconfig", type=Path, metavar="FILE", help="default: the pod's ServiceAccount"
+    )
+    parser.add_argument(
+        "--wait-for-pods",
+        metavar="SELECTOR",
+        help="first wait until no pod in --namespace matches this label selector (the "
+        "agents and controllers being uninstalled, which would write it all again)",
+    )
+    parser.add_argument("--namespace", default="gpuguard", help="where --wait-for-pods looks")
+    parser.add_argument(
+        "--wait-s", type=float, default=300.0, metavar="S", help="how long to wait for them"
+    )
+
+
+def run_cleanup(args: argparse.Namespace) -> int:
+    from gpuguard.kube import cleanup
+    from gpuguard.kube.fleet import get_node, list_nodes
+    from gpuguard.kube.rest import load_api_for_command
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    api = load_api_for_command(args.kubeconfig)
+    if args.wait_for_pods and not cleanup.wait_for_pods_gone(
+        api, args.namespace, args.wait_for_pods, args.wait_s, say=say
+    ):
+        say(
+            f"gpuguard cleanup: pods matching {args.wait_for_pods} still run after {args.wait_s:g}s"
+        )
+        return 1
+    nodes = [get_node(api, args.node)] if args.node else list_nodes(api).items
+    found = [c for c in (cleanup.plan(node, args.profile) for node in nodes) if c]
+    verb = "removed" if args.apply else "would remove"
+    for item in found:
+        if args.apply:
+            cleanup.apply(api, item)
+        print(f"{verb} {item.describe()}")
+    print(
+        f"gpuguard cleanup: {len(found)} of {len(nodes)} Nodes carried gpuguard's marks"
+        + ("" if args.apply else " (dry run: --apply removes them)")
+    )
+    return 0
