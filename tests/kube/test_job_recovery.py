@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuguard.cli import build_parser
 from gpuguard.contract.keys import TAINT_KEY
@@ -23,14 +22,22 @@ from gpuguard.controller.loop import Controller
 from gpuguard.kube.rest import Json, KubeApi, KubeRejected
 from tests.support.cluster import install_crd, scratch_namespace, set_health, wait_for
 from tests.support.controllers import Running, new_controller
-from tests.support.controlplane import REPO
-from tests.support.jobsystem import JobSystem, end_pod, make_kwok_node, released_crd
+from tests.support.jobsystem import (
+    JobSystem,
+    create_job,
+    end_pod,
+    example,
+    finished_as,
+    job_status,
+    make_kwok_node,
+    released_crd,
+    running_pod,
+    training_job,
+)
 from tests.support.metrics import sample
 
-EXAMPLES = REPO / "examples" / "jobs"
 POOL = "karpenter.sh/nodepool"
 ACTIONS, EVICTIONS = "gpuguard_controller_actions_total", "gpuguard_controller_evictions_total"
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 @pytest.fixture
@@ -58,53 +65,6 @@ def start_gpuguard(api: KubeApi, jobs: str) -> Iterator[Callable[[], Controller]
 
 
 # --- the Job and its pods --------------------------------------------------------------
-def example(name: str) -> Json:
-    return dict(yaml.safe_load((EXAMPLES / name).read_text()))
-
-
-def training_job(*, failure_policy: bool = True) -> Json:
-    """examples/jobs/job.yaml for the test cluster: every rule as written, no volume."""
-    job = example("job.yaml")
-    job["metadata"]["name"] = f"train-{uuid.uuid4().hex[:6]}"
-    job["spec"]["backoffLimit"] = 0
-    if not failure_policy:
-        del job["spec"]["podFailurePolicy"]
-    pod = job["spec"]["template"]["spec"]
-    del pod["volumes"]
-    for container in pod["containers"]:
-        del container["volumeMounts"]
-    return job
-
-
-def create_job(api: KubeApi, namespace: str, job: Json) -> str:
-    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", job)
-    return str(job["metadata"]["name"])
-
-
-def job_status(api: KubeApi, namespace: str, name: str) -> Json:
-    return dict(api.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}").get("status", {}))
-
-
-def finished_as(api: KubeApi, namespace: str, name: str) -> tuple[str, str] | None:
-    """(type, reason) of the Job's Complete or Failed condition, once it has one."""
-    for condition in job_status(api, namespace, name).get("conditions") or []:
-        if condition["type"] in ("Complete", "Failed") and condition["status"] == "True":
-            return condition["type"], condition.get("reason", "")
-    return None
-
-
-def running_pod(api: KubeApi, namespace: str, job: str, *, not_uid: str = "") -> Json | None:
-    """The Job's running pod (other than ``not_uid``), once KWOK has started it."""
-    pods = api.list(
-        f"/api/v1/namespaces/{namespace}/pods", label_selector=f"{JOB_NAME_LABEL}={job}"
-    )
-    for pod in pods.items:
-        phase = (pod.get("status") or {}).get("phase")
-        if phase == "Running" and pod["metadata"]["uid"] != not_uid:
-            return pod
-    return None
-
-
 def resumed(api: KubeApi, namespace: str, job: str, first: Json) -> Json:
     """The pod that took over from ``first``; fails at once if the Job ended instead."""
     uid = first["metadata"]["uid"]

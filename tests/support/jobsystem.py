@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import yaml
 from gpuguard.kube.rest import Json, KubeApi
 from tests.support.cluster import CREATED_NODES
 from tests.support.controlplane import (
+    REPO,
     START_TIMEOUT_S,
     ControlPlane,
     free_port,
@@ -34,15 +36,22 @@ from tests.support.controlplane import (
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # KWOK's own convention, value "fake"
 EXIT_CODE_ANNOTATION = "test.gpuguard.io/exit-code"  # read by the pod-exit stage
 STAGES = Path(__file__).with_name("kwok-stages.yaml")
+EXAMPLES = REPO / "examples" / "jobs"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 class JobSystem:
     """kube-controller-manager (Job controller), kube-scheduler and KWOK, all on loopback,
     each with a log in ``workdir``; ``stop`` ends whichever of them started."""
 
-    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+    def __init__(
+        self, plane: ControlPlane, workdir: Path, controllers: tuple[str, ...] = ("job",)
+    ) -> None:
+        """``controllers``: kube-controller-manager's, by name without ``-controller``
+        (only the Job controller on the shared API server; see the module's docstring)."""
         self.plane = plane
         self.workdir = workdir
+        self.controllers = controllers
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
@@ -54,7 +63,7 @@ class JobSystem:
             "kube-controller-manager",
             [
                 kubeconfig,
-                "--controllers=job-controller",
+                "--controllers=" + ",".join(f"{name}-controller" for name in self.controllers),
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
@@ -159,3 +168,51 @@ def end_pod(api: KubeApi, pod: Json, exit_code: int) -> None:
 def released_crd(filename: str) -> Json:
     """A workload CRD as its project released it (JobSet, Kubeflow), from hack/testenv."""
     return dict(yaml.safe_load((testenv_bin() / "crds" / filename).read_text()))
+
+
+# --- the example Job and its pods ---------------------------------------------------
+def example(name: str) -> Json:
+    return dict(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def training_job(*, failure_policy: bool = True) -> Json:
+    """examples/jobs/job.yaml for the test cluster: every rule as written, no volume."""
+    job = example("job.yaml")
+    job["metadata"]["name"] = f"train-{uuid.uuid4().hex[:6]}"
+    job["spec"]["backoffLimit"] = 0
+    if not failure_policy:
+        del job["spec"]["podFailurePolicy"]
+    pod = job["spec"]["template"]["spec"]
+    del pod["volumes"]
+    for container in pod["containers"]:
+        del container["volumeMounts"]
+    return job
+
+
+def create_job(api: KubeApi, namespace: str, job: Json) -> str:
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", job)
+    return str(job["metadata"]["name"])
+
+
+def job_status(api: KubeApi, namespace: str, name: str) -> Json:
+    return dict(api.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}").get("status", {}))
+
+
+def finished_as(api: KubeApi, namespace: str, name: str) -> tuple[str, str] | None:
+    """(type, reason) of the Job's Complete or Failed condition, once it has one."""
+    for condition in job_status(api, namespace, name).get("conditions") or []:
+        if condition["type"] in ("Complete", "Failed") and condition["status"] == "True":
+            return condition["type"], condition.get("reason", "")
+    return None
+
+
+def running_pod(api: KubeApi, namespace: str, job: str, *, not_uid: str = "") -> Json | None:
+    """The Job's running pod (other than ``not_uid``), once KWOK has started it."""
+    pods = api.list(
+        f"/api/v1/namespaces/{namespace}/pods", label_selector=f"{JOB_NAME_LABEL}={job}"
+    )
+    for pod in pods.items:
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Running" and pod["metadata"]["uid"] != not_uid:
+            return pod
+    return None

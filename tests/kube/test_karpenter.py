@@ -1,0 +1,120 @@
+"""REPLACE through the real Karpenter: gpuguard deletes the sick node's NodeClaim once,
+Karpenter drains and terminates it and launches a replacement, and the training Job
+(examples/jobs/job.yaml) resumes on the new node and completes, its failures uncounted.
+
+A control plane of its own: Karpenter's real NodeClaim CRD would clash with the shared API
+server's stand-in, and the node lifecycle controller Karpenter needs would mark the other
+tests' kubelet-less nodes NotReady.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuguard.kube.remediations import NODE_REMEDIATIONS
+from gpuguard.kube.rest import load_api
+from tests.support import controlplane
+from tests.support.audit import AuditLog
+from tests.support.cluster import REPO, install_crd, set_health, wait_for
+from tests.support.controllers import Running, new_controller
+from tests.support.controlplane import ControlPlane
+from tests.support.jobsystem import (
+    create_job,
+    end_pod,
+    finished_as,
+    job_status,
+    running_pod,
+    training_job,
+)
+from tests.support.karpenter import KarpenterCluster, nodeclaims
+
+NAMESPACE = "train"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The plane (its audit log tells gpuguard's writes from Karpenter's), Karpenter on it."""
+    workdir = Path(tmp_path_factory.mktemp("karpenter"))
+    plane = ControlPlane(workdir, controlplane.testenv_bin(), audit=True)
+    karpenter = KarpenterCluster(plane, workdir, repair_toleration="30s")
+    try:
+        plane.start()
+        with load_api(plane.admin_kubeconfig) as api:
+            crd = REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml"
+            install_crd(api, yaml.safe_load(crd.read_text()))
+            for name in (NAMESPACE, "gpuguard"):
+                api.create(
+                    "/api/v1/namespaces",
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+                )
+            karpenter.start(api)
+            yield plane
+    finally:
+        karpenter.stop()
+        plane.stop()
+
+
+def node_of(pod: dict[str, Any]) -> str:
+    return str(pod["spec"]["nodeName"])
+
+
+def test_replace_hands_the_node_to_karpenter_once_and_the_job_resumes_on_its_replacement(
+    cluster: ControlPlane,
+) -> None:
+    api = load_api(cluster.admin_kubeconfig)
+    gpuguard = load_api(cluster.client_kubeconfig("gpuguard-controller"))
+    job = create_job(api, NAMESPACE, training_job())
+    first = wait_for(
+        lambda: running_pod(api, NAMESPACE, job), 90, "a node launched, the pod running"
+    )
+    sick = node_of(first)
+    set_health(api, sick)  # the agent's first report: healthy
+    # Only REPLACE is left on the ladder, so the fault goes straight to Karpenter.
+    attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 0, "REPLACE": 1}
+    controller = new_controller(gpuguard, "gpuguard", "karpenter", max_attempts=attempts)
+    running = Running(controller.run)
+    try:
+        set_health(api, sick, gpu="False", action="REBOOT", codes=("XID_79",))
+        resumed = wait_for(
+            lambda: running_pod(api, NAMESPACE, job, not_uid=first["metadata"]["uid"]),
+            120,
+            "the job's pod running again, on a new node",
+        )
+        replacement = node_of(resumed)
+        assert replacement != sick
+        set_health(api, replacement)  # the new machine's agent: healthy
+        (episode,) = api.list(NODE_REMEDIATIONS.path()).items
+        wait_for(
+            lambda: (
+                api.get(NODE_REMEDIATIONS.path(episode["metadata"]["name"]))["status"].get(
+                    "resolution"
+                )
+                == "Replaced"
+            ),
+            120,
+            "the episode closed Replaced once the old Node is gone",
+        )
+        claims = nodeclaims(api)
+        assert [c["status"].get("nodeName") for c in claims] == [replacement]
+        assert cluster.audit_log is not None
+        deletes = [
+            w
+            for w in AuditLog(cluster.audit_log).writes(
+                user="gpuguard-controller", resource="nodeclaims"
+            )
+            if w.verb == "delete"
+        ]
+        assert len(deletes) == 1 and deletes[0].succeeded  # once, whatever the re-sent REPLACE
+        end_pod(api, resumed, 0)
+        done = wait_for(lambda: finished_as(api, NAMESPACE, job), 60, "the job done")
+        assert done[0] == "Complete"
+        assert not job_status(api, NAMESPACE, job).get("failed")  # the eviction cost nothing
+    finally:
+        running.halt()
+        gpuguard.close()
+        api.close()

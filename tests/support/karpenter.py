@@ -1,0 +1,163 @@
+"""The real Karpenter (its KWOK cloud provider, with the AWS provider's node repair policies:
+``hack/karpenter/main.go``) on a control plane of its own, with KWOK as the kubelet of the
+nodes it launches and kube-controller-manager running what Karpenter relies on: the node
+lifecycle controller (it lifts the not-ready taint a new Node starts with), the
+disruption controller (budgets' ``disruptionsAllowed``), the Job, Deployment and
+ReplicaSet controllers, and the pod garbage collector. Built by ``hack/testenv``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from gpuguard.kube.rest import KubeApi
+from tests.support.cluster import install_crd, wait_for
+from tests.support.controlplane import START_TIMEOUT_S, ControlPlane, free_port, terminate
+from tests.support.jobsystem import JobSystem
+
+CONTROLLERS = (
+    "node-lifecycle",
+    "disruption",
+    "job",
+    "deployment",
+    "replicaset",
+    "pod-garbage-collector",
+)
+GPU_INSTANCE = "gpu-8x-h100"
+NODEPOOL = "gpu"
+
+
+def instance_types() -> list[dict[str, object]]:
+    """One instance type of 8 GPUs, on demand in one zone (the provider's file format)."""
+    requirements = [
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["test-zone-a"]},
+    ]
+    return [
+        {
+            "name": GPU_INSTANCE,
+            "architecture": "amd64",
+            "operatingSystems": ["linux"],
+            "resources": {
+                "cpu": "192",
+                "memory": "2048Gi",
+                "ephemeral-storage": "1Ti",
+                "pods": "110",
+                "nvidia.com/gpu": "8",
+            },
+            "offerings": [{"Price": 98.32, "Available": True, "Requirements": requirements}],
+        }
+    ]
+
+
+def gpu_nodepool() -> dict[str, object]:
+    """Karpenter launches GPU nodes for pending GPU pods and never consolidates them away
+    on its own (only gpuguard's REPLACE, or its own node repair, takes one)."""
+    return {
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": NODEPOOL},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"nvidia.com/gpu.present": "true"}},
+                "spec": {
+                    "requirements": [
+                        {
+                            "key": "node.kubernetes.io/instance-type",
+                            "operator": "In",
+                            "values": [GPU_INSTANCE],
+                        },
+                    ],
+                    "nodeClassRef": {
+                        "group": "karpenter.kwok.sh",
+                        "kind": "KWOKNodeClass",
+                        "name": "default",
+                    },
+                    "expireAfter": "Never",
+                },
+            },
+            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never"},
+        },
+    }
+
+
+class KarpenterCluster:
+    """``start`` brings up the Job system (the controllers above, kube-scheduler, KWOK) and
+    Karpenter, installs Karpenter's CRDs from its module and a GPU NodePool."""
+
+    def __init__(self, plane: ControlPlane, workdir: Path, *, repair_toleration: str) -> None:
+        self.plane = plane
+        self.workdir = workdir
+        self.repair_toleration = repair_toleration
+        self.system = JobSystem(plane, workdir, CONTROLLERS)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, api: KubeApi) -> None:
+        for path in sorted((self.plane.bin / "crds" / "karpenter").glob("*.yaml")):
+            install_crd(api, yaml.safe_load(path.read_text()))
+        self.system.start()
+        types = self.workdir / "instance_types.json"
+        types.write_text(json.dumps(instance_types()))
+        health = free_port()
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.plane.admin_kubeconfig),
+            "DISABLE_LEADER_ELECTION": "true",
+            "METRICS_PORT": str(free_port()),
+            "HEALTH_PROBE_PORT": str(health),
+            "FEATURE_GATES": "NodeRepair=true",
+            "INSTANCE_TYPES_FILE_PATH": str(types),
+            "REPAIR_TOLERATION": self.repair_toleration,
+            "BATCH_IDLE_DURATION": "100ms",
+            "BATCH_MAX_DURATION": "1s",
+        }
+        with (self.workdir / "karpenter.log").open("ab") as log:
+            self._proc = subprocess.Popen(
+                [str(self.plane.bin / "karpenter-kwok")],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_ready(f"http://127.0.0.1:{health}/readyz")
+        api.create(
+            "/apis/karpenter.kwok.sh/v1alpha1/kwoknodeclasses",
+            {
+                "apiVersion": "karpenter.kwok.sh/v1alpha1",
+                "kind": "KWOKNodeClass",
+                "metadata": {"name": "default"},
+            },
+        )
+        api.create("/apis/karpenter.sh/v1/nodepools", gpu_nodepool())
+
+    def stop(self) -> None:
+        terminate(self._proc)
+        self.system.stop()
+
+    def _wait_ready(self, url: str) -> None:
+        def ready() -> bool:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"karpenter exited; see {self.workdir / 'karpenter.log'}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    return answer.status == 200
+            except (urllib.error.URLError, OSError):
+                return False
+
+        wait_for(ready, START_TIMEOUT_S, "Karpenter ready")
+
+
+def nodeclaims(api: KubeApi) -> list[dict[str, object]]:
+    return api.list("/apis/karpenter.sh/v1/nodeclaims").items
+
+
+def wait_s(started: float) -> float:
+    return time.monotonic() - started
