@@ -1,0 +1,124 @@
+"""A GPU node's fatal fault, replaced through the real Karpenter: gpuguard's REPLACE beside
+Karpenter's own node repair acting alone on the same fault, in one run.
+
+Everything but the machines is real: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, KWOK and Karpenter v1.14.1 with its KWOK provider and the AWS provider's
+repair policies (``hack/karpenter``; ``tests/support/karpenter.py``), a GPU NodePool, and
+the training Job of examples/jobs/job.yaml. Each scenario gets a fresh Job on a node
+Karpenter launched for it, then a fault at t = 0:
+
+- ``gpuguard``: the agent's report says Xid 79 (``GpuguardGPUHealthy=False``), and
+  gpuguard's controller (only REPLACE left on its ladder) quarantines, drains the node
+  through the eviction API and deletes its NodeClaim;
+- ``karpenter-repair``: no gpuguard; the node's ``AcceleratedHardwareReady`` turns False
+  (what the EKS node monitoring agent, or gpuguard's ``eks`` profile, writes), and
+  Karpenter's node repair deletes the NodeClaim after its toleration (``--toleration``,
+  default 30 s here; the AWS provider ships 10 min) and force-terminates the node.
+
+Measured from t = 0: the Job's pod running again on another node (a replacement launched
+and Ready), and the old Node gone. Run: ``.venv/bin/python bench/karpenter_replace.py
+[--toleration 30s]``. Results: docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+from gpuguard.kube.rest import KubeApi, KubeNotFound, load_api  # noqa: E402
+from tests.support.cluster import install_crd, set_health, stamp, wait_for  # noqa: E402
+from tests.support.controllers import Running, new_controller  # noqa: E402
+from tests.support.controlplane import ControlPlane, testenv_bin  # noqa: E402
+from tests.support.jobsystem import create_job, running_pod, training_job  # noqa: E402
+from tests.support.karpenter import KarpenterCluster  # noqa: E402
+
+NAMESPACE = "train"
+
+
+def gone(api: KubeApi, node: str) -> bool:
+    try:
+        api.get(f"/api/v1/nodes/{node}")
+    except KubeNotFound:
+        return True
+    return False
+
+
+def scenario(api: KubeApi, name: str) -> dict[str, float]:
+    job = create_job(api, NAMESPACE, training_job())
+    first = wait_for(lambda: running_pod(api, NAMESPACE, job), 120, f"{name}: the first pod")
+    node = str(first["spec"]["nodeName"])
+    set_health(api, node)
+    running = None
+    if name == "gpuguard":
+        attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 0, "REPLACE": 1}
+        running = Running(new_controller(api, "gpuguard", "karpenter", max_attempts=attempts).run)
+    start = time.monotonic()
+    if name == "gpuguard":
+        set_health(api, node, gpu="False", action="REBOOT", codes=("XID_79",))
+    else:
+        condition = {
+            "type": "AcceleratedHardwareReady",
+            "status": "False",
+            "reason": "Xid79",
+            "lastTransitionTime": stamp(),
+        }
+        api.patch(
+            f"/api/v1/nodes/{node}/status", {"status": {"conditions": [condition]}}, "strategic"
+        )
+    uid = first["metadata"]["uid"]
+    try:
+        resumed = wait_for(
+            lambda: running_pod(api, NAMESPACE, job, not_uid=uid), 900, f"{name}: resumed"
+        )
+        again = time.monotonic() - start
+        set_health(api, str(resumed["spec"]["nodeName"]))
+        wait_for(lambda: gone(api, node), 900, f"{name}: the old Node gone")
+        removed = time.monotonic() - start
+    finally:
+        if running is not None:
+            running.halt()
+    return {"job running again": again, "old node gone": removed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--toleration", default="30s", help="Karpenter's repair toleration")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpuguard-karpenter-bench-") as tmp:
+        workdir = Path(tmp)
+        plane = ControlPlane(workdir, testenv_bin())
+        karpenter = KarpenterCluster(plane, workdir, repair_toleration=args.toleration)
+        try:
+            plane.start()
+            with load_api(plane.admin_kubeconfig) as api:
+                crd = REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml"
+                install_crd(api, yaml.safe_load(crd.read_text()))
+                for name in (NAMESPACE, "gpuguard"):
+                    namespace = {
+                        "apiVersion": "v1",
+                        "kind": "Namespace",
+                        "metadata": {"name": name},
+                    }
+                    api.create("/api/v1/namespaces", namespace)
+                karpenter.start(api)
+                results = {name: scenario(api, name) for name in ("gpuguard", "karpenter-repair")}
+        finally:
+            karpenter.stop()
+            plane.stop()
+    print(f"Karpenter repair toleration: {args.toleration}")
+    print(f"{'from the fault to':24} {'gpuguard':>10} {'karpenter-repair':>18} {'ratio':>7}")
+    for measure in ("job running again", "old node gone"):
+        ours, theirs = results["gpuguard"][measure], results["karpenter-repair"][measure]
+        print(f"{measure:24} {ours:9.1f}s {theirs:17.1f}s {theirs / ours:6.1f}x")
+
+
+if __name__ == "__main__":
+    main()
