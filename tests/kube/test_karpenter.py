@@ -9,6 +9,7 @@ tests' kubelet-less nodes NotReady.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.contract.conditions import PROFILES
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
-from gpuguard.kube.rest import load_api
+from gpuguard.kube.rest import KubeApi, KubeNotFound, load_api
 from tests.support import controlplane
 from tests.support.audit import AuditLog
-from tests.support.cluster import REPO, install_crd, set_health, wait_for
-from tests.support.controllers import Running, new_controller
+from tests.support.cluster import REPO, install_crd, set_health, stamp, wait_for
+from tests.support.controllers import Running, new_controller, tainted
 from tests.support.controlplane import ControlPlane
 from tests.support.jobsystem import (
     create_job,
@@ -31,7 +33,7 @@ from tests.support.jobsystem import (
     running_pod,
     training_job,
 )
-from tests.support.karpenter import KarpenterCluster, nodeclaims
+from tests.support.karpenter import KARPENTER_USER, KarpenterCluster, nodeclaims
 
 NAMESPACE = "train"
 
@@ -61,6 +63,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 def node_of(pod: dict[str, Any]) -> str:
     return str(pod["spec"]["nodeName"])
+
+
+def gone(api: KubeApi, node: str) -> bool:
+    try:
+        api.get(f"/api/v1/nodes/{node}")
+    except KubeNotFound:
+        return True
+    return False
 
 
 def test_replace_hands_the_node_to_karpenter_once_and_the_job_resumes_on_its_replacement(
@@ -114,6 +124,70 @@ def test_replace_hands_the_node_to_karpenter_once_and_the_job_resumes_on_its_rep
         done = wait_for(lambda: finished_as(api, NAMESPACE, job), 60, "the job done")
         assert done[0] == "Complete"
         assert not job_status(api, NAMESPACE, job).get("failed")  # the eviction cost nothing
+    finally:
+        running.halt()
+        gpuguard.close()
+        api.close()
+
+
+def test_with_karpenters_node_repair_on_a_node_it_will_replace_is_left_to_it(
+    cluster: ControlPlane,
+) -> None:
+    """One authority per node (policy karpenter_repair): an agent on the eks profile says
+    AcceleratedHardwareReady=False; gpuguard quarantines the node and takes no rung, and
+    Karpenter's repair replaces it once, after its toleration."""
+    api = load_api(cluster.admin_kubeconfig)
+    gpuguard = load_api(cluster.client_kubeconfig("gpuguard-deferring"))
+    job = create_job(api, NAMESPACE, training_job())
+    first = wait_for(lambda: running_pod(api, NAMESPACE, job), 90, "the pod running")
+    sick = node_of(first)
+    controller = new_controller(gpuguard, "gpuguard", "karpenter", karpenter_repair=True)
+    running = Running(controller.run)
+    try:
+        report = {"status": "Unhealthy", "action": "REBOOT", "codes": ["XID_79"], "gpus": []}
+        healthy = {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []}
+        document = {
+            "reportedAt": stamp(),
+            "layers": {"gpu": report, "network": healthy, "kernel": healthy},
+        }
+        api.patch(
+            f"/api/v1/nodes/{sick}",
+            {"metadata": {"annotations": {"gpuguard.io/report": json.dumps(document)}}},
+        )
+        conditions = [
+            {
+                "type": kind,
+                "status": status,
+                "reason": "Xid79" if status == "False" else "Healthy",
+                "lastTransitionTime": stamp(),
+                "lastHeartbeatTime": stamp(),
+            }
+            for kind, status in (
+                ("AcceleratedHardwareReady", "False"),
+                ("NetworkingReady", "True"),
+                ("KernelReady", "True"),
+            )
+        ]
+        # As the eks-profile agent publishes: its names only, gpuguard's own removed.
+        conditions += [{"$patch": "delete", "type": kind} for kind in PROFILES["gpuguard"].values()]
+        api.patch(
+            f"/api/v1/nodes/{sick}/status", {"status": {"conditions": conditions}}, "strategic"
+        )
+        wait_for(lambda: tainted(api, sick), 30, "gpuguard's quarantine")
+        wait_for(lambda: gone(api, sick), 120, "Karpenter's repair replacing the node")
+        (episode,) = [
+            e for e in api.list(NODE_REMEDIATIONS.path()).items if e["spec"]["nodeName"] == sick
+        ]
+        assert episode["status"].get("rung") is None  # no rung of ours was started
+        assert cluster.audit_log is not None
+        ours = AuditLog(cluster.audit_log).writes(user="gpuguard-deferring")
+        assert not [w for w in ours if w.resource == "nodeclaims" or w.subresource == "eviction"]
+        assert not [w for w in ours if "unschedulable" in json.dumps(w.body)]  # never cordoned
+        # Karpenter's repair deleted the node's NodeClaim itself (its termination flow
+        # deletes more than once; gpuguard's user wrote none of it).
+        log = AuditLog(cluster.audit_log)
+        by_karpenter = log.writes(user=KARPENTER_USER, resource="nodeclaims")
+        assert any(w.verb == "delete" and w.succeeded for w in by_karpenter)
     finally:
         running.halt()
         gpuguard.close()

@@ -33,6 +33,7 @@ CONTROLLERS = (
 )
 GPU_INSTANCE = "gpu-8x-h100"
 NODEPOOL = "gpu"
+KARPENTER_USER = "karpenter"
 
 
 def instance_types() -> list[dict[str, object]]:
@@ -109,7 +110,8 @@ class KarpenterCluster:
         health = free_port()
         env = {
             **os.environ,
-            "KUBECONFIG": str(self.plane.admin_kubeconfig),
+            # A client of its own: an audit log tells Karpenter's writes apart.
+            "KUBECONFIG": str(self.plane.client_kubeconfig(KARPENTER_USER)),
             "DISABLE_LEADER_ELECTION": "true",
             "METRICS_PORT": str(free_port()),
             "HEALTH_PROBE_PORT": str(health),

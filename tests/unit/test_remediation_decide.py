@@ -469,3 +469,17 @@ def test_healthy_fleet_needs_nothing():
     nodes = fleet(*(node(f"n{i}") for i in range(10)))
     plan = run(nodes)
     assert (plan.decisions, plan.episodes, plan.notes) == ([], {}, [])
+
+
+@pytest.mark.parametrize("karpenter_repair", [False, True])
+def test_a_node_karpenters_repair_will_replace_is_left_to_it_when_told(karpenter_repair):
+    """One authority per node: with Karpenter's node repair on, a node whose
+    AcceleratedHardwareReady is False is its to replace; gpuguard quarantines it only."""
+    policy = Policy(karpenter_repair=karpenter_repair)
+    sick = node("n1", REBOOT, tainted=True, repair_conditions=("AcceleratedHardwareReady",))
+    plan = run(fleet(sick), {"n1": episode("n1")}, policy=policy)
+    if karpenter_repair:
+        assert plan.episodes["n1"].rung is None and kinds(plan) == [K.RECORD]
+        assert "left to Karpenter's node repair" in plan.episodes["n1"].steps[-1].message
+    else:
+        assert plan.episodes["n1"].rung is Action.REBOOT

@@ -34,6 +34,9 @@ PROFILES: dict[str, dict[Layer, str]] = {
 # it stays True (its reason and message still say it) and the controller reads the deferral
 # from the report annotation; under our own names it is False.
 DEFERRED_STAYS_TRUE = frozenset({"eks"})
+# Karpenter's AWS provider replaces a node whose condition of these types has been False
+# for its toleration (AcceleratedHardwareReady 10 min, the others 30 min).
+KARPENTER_REPAIRS = frozenset(PROFILES["eks"].values())
 # Every type some profile writes: those are ours to remove when no longer reported.
 OWNED_TYPES = frozenset(t for profile in PROFILES.values() for t in profile.values())
 # Condition type -> layer name, for every profile an agent may be running with.

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from gpuguard.contract.conditions import FALSE, KARPENTER_REPAIRS
 from gpuguard.contract.errors import ContractError
 from gpuguard.contract.keys import (
     CORDONED_BY_US_ANNOTATION,
@@ -54,6 +55,13 @@ def project_node(
         verify=answer,
         domain=str(labels.get(domain_label, "")) if domain_label else "",
         uid=str(metadata.get("uid", "")),
+        repair_conditions=tuple(
+            sorted(
+                str(c["type"])
+                for c in node.get("status", {}).get("conditions") or []
+                if c.get("type") in KARPENTER_REPAIRS and c.get("status") == FALSE
+            )
+        ),
     )
 
 

@@ -323,6 +323,15 @@ class PlanBuilder:
         The rung is chosen by the node's own faults: a fault shared with its domain is
         held (no rung, no budget), another layer's fault on the same node is not.
         """
+        if self.policy.karpenter_repair and node.repair_conditions:
+            # One authority per node: Karpenter replaces it after its toleration, and a
+            # rung of ours would be cut short by it (or a REPLACE done twice).
+            owner = ", ".join(f"{kind}=False" for kind in node.repair_conditions)
+            message = f"{why}; left to Karpenter's node repair ({owner}): quarantined only"
+            repeated = bool(episode.steps) and episode.steps[-1].message == message
+            self.note(node.name, f"held: Karpenter's node repair owns it ({owner})")
+            self.settle(episode, message, changed=not repeated)
+            return
         shared = self.shared.get(node.name, {})
         node = own_faults(node, shared)
         if shared and not false_layers(node):

@@ -42,6 +42,8 @@ class NodeObservation:
     verify: VerifyAnswer | None = None  # the agent's latest verify answer
     domain: str = ""  # value of the correlation's domain label (a rack; "": never grouped)
     uid: str = ""  # the Node's metadata.uid ("": not known)
+    # Conditions False that Karpenter's node repair replaces a node for (the EKS names).
+    repair_conditions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,12 @@ class Policy(_Strict):
     budget: Budget = Budget()
     breaker: Breaker = Breaker()
     verify: Verify = Verify()
+    karpenter_repair: bool = Field(
+        default=False,
+        description="Karpenter's node repair runs (feature gate NodeRepair) and acts on the "
+        "EKS condition names: a node whose AcceleratedHardwareReady, NetworkingReady or "
+        "KernelReady is False is its to replace; gpuguard quarantines it and takes no rung",
+    )
     correlation: Correlation = Correlation()
     drain_and_reset: DrainAndReset = DrainAndReset()
 
