@@ -85,6 +85,20 @@ def helm() -> Callable[..., str]:
     return run
 
 
+@pytest.fixture(scope="module")
+def kubectl(control_plane: ControlPlane) -> Callable[..., str]:
+    """Runs the kubectl built by hack/testenv as the admin; checks its exit status."""
+    binary = testenv_bin() / "kubectl"
+
+    def run(*args: str) -> str:
+        command = [str(binary), f"--kubeconfig={control_plane.admin_kubeconfig}", *args]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, f"kubectl {' '.join(args)} failed:\n{proc.stderr}"
+        return proc.stdout
+
+    return run
+
+
 @pytest.fixture
 def start_controller(api: KubeApi, namespace: str) -> Iterator[Callable[..., Controller]]:
     """Starts controllers (fast test policy; keyword arguments override policy fields) on
