@@ -65,6 +65,35 @@ def node_of(pod: dict[str, Any]) -> str:
     return str(pod["spec"]["nodeName"])
 
 
+def eks_agent_reports_xid79(api: KubeApi, node: str) -> None:
+    """What gpuguard's agent on condition_profile eks publishes for an Xid 79: the EKS
+    names (AcceleratedHardwareReady False), gpuguard's own removed, and its report."""
+    report = {"status": "Unhealthy", "action": "REBOOT", "codes": ["XID_79"], "gpus": []}
+    healthy = {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []}
+    layers = {"gpu": report, "network": healthy, "kernel": healthy}
+    document = json.dumps({"reportedAt": stamp(), "layers": layers})
+    api.patch(
+        f"/api/v1/nodes/{node}", {"metadata": {"annotations": {"gpuguard.io/report": document}}}
+    )
+    statuses = {
+        "AcceleratedHardwareReady": "False",
+        "NetworkingReady": "True",
+        "KernelReady": "True",
+    }
+    conditions: list[dict[str, str]] = [
+        {
+            "type": kind,
+            "status": status,
+            "reason": "Xid79" if status == "False" else "Healthy",
+            "lastTransitionTime": stamp(),
+            "lastHeartbeatTime": stamp(),
+        }
+        for kind, status in statuses.items()
+    ]
+    conditions += [{"$patch": "delete", "type": kind} for kind in PROFILES["gpuguard"].values()]
+    api.patch(f"/api/v1/nodes/{node}/status", {"status": {"conditions": conditions}}, "strategic")
+
+
 def gone(api: KubeApi, node: str) -> bool:
     try:
         api.get(f"/api/v1/nodes/{node}")
@@ -144,35 +173,7 @@ def test_with_karpenters_node_repair_on_a_node_it_will_replace_is_left_to_it(
     controller = new_controller(gpuguard, "gpuguard", "karpenter", karpenter_repair=True)
     running = Running(controller.run)
     try:
-        report = {"status": "Unhealthy", "action": "REBOOT", "codes": ["XID_79"], "gpus": []}
-        healthy = {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []}
-        document = {
-            "reportedAt": stamp(),
-            "layers": {"gpu": report, "network": healthy, "kernel": healthy},
-        }
-        api.patch(
-            f"/api/v1/nodes/{sick}",
-            {"metadata": {"annotations": {"gpuguard.io/report": json.dumps(document)}}},
-        )
-        conditions = [
-            {
-                "type": kind,
-                "status": status,
-                "reason": "Xid79" if status == "False" else "Healthy",
-                "lastTransitionTime": stamp(),
-                "lastHeartbeatTime": stamp(),
-            }
-            for kind, status in (
-                ("AcceleratedHardwareReady", "False"),
-                ("NetworkingReady", "True"),
-                ("KernelReady", "True"),
-            )
-        ]
-        # As the eks-profile agent publishes: its names only, gpuguard's own removed.
-        conditions += [{"$patch": "delete", "type": kind} for kind in PROFILES["gpuguard"].values()]
-        api.patch(
-            f"/api/v1/nodes/{sick}/status", {"status": {"conditions": conditions}}, "strategic"
-        )
+        eks_agent_reports_xid79(api, sick)
         wait_for(lambda: tainted(api, sick), 30, "gpuguard's quarantine")
         wait_for(lambda: gone(api, sick), 120, "Karpenter's repair replacing the node")
         (episode,) = [
@@ -188,6 +189,48 @@ def test_with_karpenters_node_repair_on_a_node_it_will_replace_is_left_to_it(
         log = AuditLog(cluster.audit_log)
         by_karpenter = log.writes(user=KARPENTER_USER, resource="nodeclaims")
         assert any(w.verb == "delete" and w.succeeded for w in by_karpenter)
+    finally:
+        running.halt()
+        gpuguard.close()
+        api.close()
+
+
+def test_a_storm_past_karpenters_limit_leaves_every_node_quarantined_and_whole(
+    cluster: ControlPlane,
+) -> None:
+    """Two of three nodes say AcceleratedHardwareReady=False: more than Karpenter's 20 %,
+    so its repair refuses (NodeRepairBlocked), and gpuguard (karpenter_repair) takes no
+    rung either: both nodes quarantined, neither cordoned, drained nor replaced."""
+    api = load_api(cluster.admin_kubeconfig)
+    gpuguard = load_api(cluster.client_kubeconfig("gpuguard-storm"))
+    while len(api.list("/api/v1/nodes").items) < 3:  # a Job's pod each, a node each
+        job = create_job(api, NAMESPACE, training_job())
+        wait_for(lambda job=job: running_pod(api, NAMESPACE, job), 90, "a pod running")
+    nodes = sorted(n["metadata"]["name"] for n in api.list("/api/v1/nodes").items)
+    controller = new_controller(gpuguard, "gpuguard", "karpenter", karpenter_repair=True)
+    running = Running(controller.run)
+    try:
+        storm = nodes[:2]
+        for name in storm:
+            eks_agent_reports_xid79(api, name)
+
+        def blocked() -> bool:
+            events = api.list("/api/v1/events").items
+            return any(
+                e.get("reason") == "NodeRepairBlocked"
+                and (e.get("involvedObject") or {}).get("name") in storm
+                for e in events
+            )
+
+        wait_for(blocked, 90, "Karpenter's repair refusing past its 20 % limit")
+        for name in storm:
+            wait_for(lambda name=name: tainted(api, name), 30, "gpuguard's quarantine")
+            assert not gone(api, name) and not api.get(f"/api/v1/nodes/{name}")["spec"].get(
+                "unschedulable"
+            )
+        assert cluster.audit_log is not None
+        ours = AuditLog(cluster.audit_log).writes(user="gpuguard-storm")
+        assert not [w for w in ours if w.resource == "nodeclaims" or w.subresource == "eviction"]
     finally:
         running.halt()
         gpuguard.close()
