@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_cleanup(args: argparse.Namespace) -> int:
     from gpuguard.kube import cleanup
+    from gpuguard.kube.errors import KubeError
     from gpuguard.kube.fleet import get_node, list_nodes
     from gpuguard.kube.rest import load_api_for_command
 
@@ -53,15 +54,25 @@ def run_cleanup(args: argparse.Namespace) -> int:
             f"gpuguard cleanup: pods matching {args.wait_for_pods} still run after {args.wait_s:g}s"
         )
         return 1
-    nodes = [get_node(api, args.node)] if args.node else list_nodes(api).items
+    try:
+        nodes = [get_node(api, args.node)] if args.node else list_nodes(api).items
+    except KubeError as exc:
+        say(f"gpuguard cleanup: cannot read the Nodes: {exc}")
+        return 1
     found = [c for c in (cleanup.plan(node, args.profile) for node in nodes) if c]
     verb = "removed" if args.apply else "would remove"
+    failed = 0
     for item in found:
         if args.apply:
-            cleanup.apply(api, item)
+            try:
+                cleanup.apply(api, item)
+            except KubeError as exc:  # the other Nodes still get theirs taken off
+                failed += 1
+                say(f"gpuguard cleanup: {item.node}: {exc}")
+                continue
         print(f"{verb} {item.describe()}")
     print(
         f"gpuguard cleanup: {len(found)} of {len(nodes)} Nodes carried gpuguard's marks"
         + ("" if args.apply else " (dry run: --apply removes them)")
     )
-    return 0
+    return 1 if failed else 0

@@ -126,3 +126,11 @@ def test_it_waits_for_the_agents_to_be_gone_first(api, control_plane, namespace)
     args = ["--apply", "--node", name, "--wait-for-pods", selector, "--namespace", namespace]
     done = cleanup(control_plane, *args)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_node_it_may_not_read_is_one_line_and_exit_1(control_plane):
+    unknown = node_name()  # no such Node
+    done = cleanup(control_plane, "--apply", "--node", unknown)
+    assert done.returncode == 1
+    assert done.stderr.strip().startswith("gpuguard cleanup: cannot read the Nodes: 404")
+    assert "Traceback" not in done.stderr
