@@ -23,45 +23,62 @@ class EventRecorder:
 
     def record(self, episode: Episode, decision: Decision, now: float) -> None:
         """Best effort: the episode itself is already written; a lost Event loses nothing."""
-        body = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{episode.node}-remediation-"},
-            "eventTime": format_micro_time(now),
-            "reportingController": CONTROLLER_CONTROLLER,
-            "reportingInstance": self.identity,
-            "action": str(episode.phase),
-            "reason": _reason(episode),
-            "note": decision.reason[:1024],
-            "type": "Normal" if episode.phase is Phase.CLOSED else "Warning",
-            "regarding": {"apiVersion": "v1", "kind": "Node", "name": episode.node},
-            "related": {
-                "apiVersion": GROUP_VERSION,
-                "kind": KIND,
-                "name": object_name(episode.node, episode.opened_at),
-            },
+        related = {
+            "apiVersion": GROUP_VERSION,
+            "kind": KIND,
+            "name": object_name(episode.node, episode.opened_at),
         }
-        self._create(episode.node, body)
+        self._emit(
+            episode.node,
+            f"{episode.node}-remediation-",
+            action=str(episode.phase),
+            reason=_reason(episode),
+            note=decision.reason,
+            warning=episode.phase is not Phase.CLOSED,
+            now=now,
+            related=related,
+        )
 
     def about_node(self, node: str, reason: str, note: str, now: float) -> None:
         """A Warning Event about ``node`` outside any episode (a silent agent, a held
         node); best effort like :meth:`record`."""
-        body = {
+        self._emit(
+            node,
+            f"{node}-{reason.lower()}-",
+            action=reason,
+            reason=reason,
+            note=note,
+            warning=True,
+            now=now,
+        )
+
+    def _emit(
+        self,
+        node: str,
+        generate_name: str,
+        *,
+        action: str,
+        reason: str,
+        note: str,
+        warning: bool,
+        now: float,
+        related: Json | None = None,
+    ) -> None:
+        body: Json = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{node}-{reason.lower()}-"},
+            "metadata": {"generateName": generate_name},
             "eventTime": format_micro_time(now),
             "reportingController": CONTROLLER_CONTROLLER,
             "reportingInstance": self.identity,
-            "action": reason,
+            "action": action,
             "reason": reason,
             "note": note[:1024],
-            "type": "Warning",
+            "type": "Warning" if warning else "Normal",
             "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        self._create(node, body)
-
-    def _create(self, node: str, body: Json) -> None:
+        if related is not None:
+            body["related"] = related
         try:
             self.api.create(EVENTS_PATH, body)
         except KubeError as exc:
