@@ -74,19 +74,11 @@ from tests.support.cluster import (  # noqa: E402
     set_health,
     wait_for,
 )
-from tests.support.controllers import POOL, tainted  # noqa: E402
+from tests.support.controllers import POOL, PROCESS_POLICY, tainted  # noqa: E402
 from tests.support.controlplane import ControlPlane, testenv_bin  # noqa: E402
 
 NAMESPACE = "gpuguard"  # the Lease, the pods and their budget
 PODS = 4
-POLICY = {
-    "tolerance_s": 0,
-    "clear_after_s": 1,
-    "min_action_interval_s": 0,
-    "drain_timeout_s": 600,
-    "verify_timeout_s": 600,
-    "breaker": {"min_nodes": 1000},
-}
 
 
 @dataclass
@@ -301,7 +293,7 @@ def run(args: argparse.Namespace) -> list[Round]:
                 target=finish_terminating_pods, args=(api, NAMESPACE, stop), daemon=True
             ).start()
             policy = args.workdir / "policy.yaml"
-            policy.write_text(json.dumps(POLICY))
+            policy.write_text(json.dumps(PROCESS_POLICY))
             for name in ("controller-a", "controller-b"):
                 replicas.append(start_replica(plane, name, NAMESPACE, policy, args.workdir))
             wait_for(lambda: lease(api)[0], 60, "a leader")

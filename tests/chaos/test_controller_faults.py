@@ -35,16 +35,15 @@ from tests.support.audit import (
     repair_requests,
 )
 from tests.support.cluster import make_node, set_health, wait_for
-from tests.support.controllers import POOL, node, node_name, remediations, tainted
+from tests.support.controllers import (
+    POOL,
+    PROCESS_POLICY,
+    node,
+    node_name,
+    remediations,
+    tainted,
+)
 
-POLICY: dict[str, Any] = {
-    "tolerance_s": 0,
-    "clear_after_s": 1,
-    "min_action_interval_s": 0,
-    "drain_timeout_s": 600,
-    "verify_timeout_s": 600,
-    "breaker": {"min_nodes": 1000},
-}
 LEASE_S = 15.0
 TAKEOVER_S = 60  # a frozen or killed leader's Lease runs out first (15-19 s)
 THAWED_WINDOW_S = 3.0  # how long a thawed replica is watched for a stale write
@@ -98,7 +97,7 @@ def test_a_leader_frozen_while_acting_writes_nothing_after_it_thaws(
 ):
     api = audited_api
     name = new_node(api)
-    old, new = pair(controllers, POLICY)
+    old, new = pair(controllers, PROCESS_POLICY)
     needs_reboot(api, name)
     wait_for(lambda: status(api, name).get("request"), 60, "the REBOOT request")
     old.freeze()  # it wrote the request; the answer comes only now
@@ -123,7 +122,7 @@ def test_a_leader_frozen_in_quarantine_evicts_nothing_after_it_thaws(
     api = audited_api
     name = new_node(api)
     agent = agents(name)
-    old, new = pair(controllers, {**POLICY, "tolerance_s": 8})
+    old, new = pair(controllers, {**PROCESS_POLICY, "tolerance_s": 8})
     needs_reboot(api, name)
     wait_for(lambda: tainted(api, name) and phase(api, name) == "Quarantined", 30, "quarantined")
     old.freeze()  # the tolerance still runs: its plan to drain is not carried out yet
@@ -151,7 +150,7 @@ def test_a_node_re_registered_under_its_name_is_not_repaired_for_the_old_machine
 ):
     api = audited_api
     name = new_node(api)
-    controller = controllers.start("only", POLICY)
+    controller = controllers.start("only", PROCESS_POLICY)
     controllers.wait_leading(controller)
     needs_reboot(api, name)  # the old machine's agent never answers
     wait_for(lambda: status(api, name).get("request"), 60, "the REBOOT request")
@@ -189,7 +188,9 @@ def test_a_silent_agent_has_its_node_tainted_with_an_event_and_never_repaired(
 ):
     api = audited_api
     name = new_node(api)  # one healthy report and heartbeat, then nothing
-    controller = controllers.start("only", {**POLICY, "agent_timeout_s": 4, "unknown_grace_s": 2})
+    controller = controllers.start(
+        "only", {**PROCESS_POLICY, "agent_timeout_s": 4, "unknown_grace_s": 2}
+    )
     controllers.wait_leading(controller)
 
     wait_for(lambda: tainted(api, name), 30, "the silent node tainted")
@@ -219,7 +220,7 @@ def test_an_uncordon_during_the_drain_is_undone(audited_api, audited_namespace, 
     name = new_node(api)
     running_pods(api, audited_namespace, name, 1, "training")
     pod_budget(api, audited_namespace, "training")
-    controller = controllers.start("only", POLICY)
+    controller = controllers.start("only", PROCESS_POLICY)
     controllers.wait_leading(controller)
     needs_reboot(api, name)
     wait_for(
@@ -240,7 +241,7 @@ def test_a_leader_killed_after_the_taint_leaves_one_cordon_one_request_one_reboo
     api = audited_api
     name = new_node(api)
     agent = agents(name)
-    old, new = pair(controllers, {**POLICY, "tolerance_s": 5})
+    old, new = pair(controllers, {**PROCESS_POLICY, "tolerance_s": 5})
     needs_reboot(api, name)
     wait_for(lambda: tainted(api, name), 30, "tainted")
     old.kill()  # the tolerance still runs
@@ -266,7 +267,7 @@ def test_a_leader_stopped_mid_drain_releases_the_lease_and_nothing_is_repeated(
     pods = running_pods(api, audited_namespace, name, 3, "training")
     budget = pod_budget(api, audited_namespace, "training")
     agent = agents(name)
-    old, new = pair(controllers, POLICY)
+    old, new = pair(controllers, PROCESS_POLICY)
     needs_reboot(api, name)
     wait_for(
         lambda: evictions(audit.writes(user=old.name), succeeded=False), 30, "a refused eviction"
@@ -293,7 +294,7 @@ def test_a_leader_stopped_mid_drain_releases_the_lease_and_nothing_is_repeated(
 def test_a_taint_removed_by_an_operator_during_an_episode_comes_back(audited_api, controllers):
     api = audited_api
     name = new_node(api)
-    controller = controllers.start("only", {**POLICY, "tolerance_s": 600})
+    controller = controllers.start("only", {**PROCESS_POLICY, "tolerance_s": 600})
     controllers.wait_leading(controller)
     needs_reboot(api, name)
     wait_for(lambda: tainted(api, name) and phase(api, name) == "Quarantined", 30, "quarantined")
@@ -310,7 +311,7 @@ def test_an_episode_deleted_while_verifying_is_not_repaired_twice(
     api = audited_api
     name = new_node(api)
     agent = agents(name)
-    controller = controllers.start("only", POLICY)
+    controller = controllers.start("only", PROCESS_POLICY)
     controllers.wait_leading(controller)
     needs_reboot(api, name)
     wait_for(lambda: phase(api, name) == "Verifying", 30, "rebooted, verifying")

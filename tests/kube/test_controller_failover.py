@@ -25,16 +25,8 @@ from tests.support.cluster import (
     set_health,
     wait_for,
 )
+from tests.support.controllers import PROCESS_POLICY
 from tests.support.controlplane import ControlPlane
-
-POLICY = {
-    "tolerance_s": 0,
-    "clear_after_s": 1,
-    "min_action_interval_s": 0,
-    "drain_timeout_s": 600,
-    "verify_timeout_s": 600,
-    "breaker": {"min_nodes": 1000},
-}
 
 
 @pytest.fixture
@@ -42,7 +34,7 @@ def controllers(
     control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> Iterator[Callable[[str], subprocess.Popen[str]]]:
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(POLICY))
+    policy.write_text(yaml.safe_dump(PROCESS_POLICY))
     started: list[subprocess.Popen[str]] = []
 
     def start(identity: str) -> subprocess.Popen[str]:

@@ -28,6 +28,16 @@ FAST_POLICY: dict[str, Any] = {
     # Tests share one API server: only the storm test may trip the breaker.
     "breaker": {"min_nodes": 1000},
 }
+# For real `gpuguard controller` processes, whose crashes and takeovers take seconds: fast
+# to act, but no drain or verify times out while a test freezes or kills a replica.
+PROCESS_POLICY: dict[str, Any] = {
+    "tolerance_s": 0,
+    "clear_after_s": 1,
+    "min_action_interval_s": 0,
+    "drain_timeout_s": 600,
+    "verify_timeout_s": 600,
+    "breaker": {"min_nodes": 1000},
+}
 
 
 class Running:
