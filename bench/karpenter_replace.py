@@ -31,24 +31,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import yaml  # noqa: E402
 
-from gpuguard.kube.rest import KubeApi, KubeNotFound, load_api  # noqa: E402
-from tests.support.cluster import install_crd, set_health, stamp, wait_for  # noqa: E402
+from gpuguard.kube.rest import KubeApi, load_api  # noqa: E402
+from tests.support.cluster import set_health, stamp, wait_for  # noqa: E402
 from tests.support.controllers import Running, new_controller  # noqa: E402
 from tests.support.controlplane import ControlPlane, testenv_bin  # noqa: E402
 from tests.support.jobsystem import create_job, running_pod, training_job  # noqa: E402
-from tests.support.karpenter import KarpenterCluster  # noqa: E402
+from tests.support.karpenter import KarpenterCluster, node_gone  # noqa: E402
 
 NAMESPACE = "train"
-
-
-def gone(api: KubeApi, node: str) -> bool:
-    try:
-        api.get(f"/api/v1/nodes/{node}")
-    except KubeNotFound:
-        return True
-    return False
 
 
 def scenario(api: KubeApi, name: str) -> dict[str, float]:
@@ -80,7 +71,7 @@ def scenario(api: KubeApi, name: str) -> dict[str, float]:
         )
         again = time.monotonic() - start
         set_health(api, str(resumed["spec"]["nodeName"]))
-        wait_for(lambda: gone(api, node), 900, f"{name}: the old Node gone")
+        wait_for(lambda: node_gone(api, node), 900, f"{name}: the old Node gone")
         removed = time.monotonic() - start
     finally:
         if running is not None:
@@ -99,16 +90,7 @@ def main() -> None:
         try:
             plane.start()
             with load_api(plane.admin_kubeconfig) as api:
-                crd = REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml"
-                install_crd(api, yaml.safe_load(crd.read_text()))
-                for name in (NAMESPACE, "gpuguard"):
-                    namespace = {
-                        "apiVersion": "v1",
-                        "kind": "Namespace",
-                        "metadata": {"name": name},
-                    }
-                    api.create("/api/v1/namespaces", namespace)
-                karpenter.start(api)
+                karpenter.start(api, namespaces=(NAMESPACE, "gpuguard"))
                 results = {name: scenario(api, name) for name in ("gpuguard", "karpenter-repair")}
         finally:
             karpenter.stop()

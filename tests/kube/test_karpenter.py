@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuguard.contract.conditions import PROFILES
 from gpuguard.kube.remediations import NODE_REMEDIATIONS
-from gpuguard.kube.rest import KubeApi, KubeNotFound, load_api
+from gpuguard.kube.rest import KubeApi, load_api
 from tests.support import controlplane
 from tests.support.audit import AuditLog
-from tests.support.cluster import REPO, install_crd, set_health, stamp, wait_for
+from tests.support.cluster import set_health, stamp, wait_for
 from tests.support.controllers import Running, new_controller, tainted
 from tests.support.controlplane import ControlPlane
 from tests.support.jobsystem import (
@@ -33,7 +32,7 @@ from tests.support.jobsystem import (
     running_pod,
     training_job,
 )
-from tests.support.karpenter import KARPENTER_USER, KarpenterCluster, nodeclaims
+from tests.support.karpenter import KARPENTER_USER, KarpenterCluster, node_gone, nodeclaims
 
 NAMESPACE = "train"
 
@@ -47,14 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     try:
         plane.start()
         with load_api(plane.admin_kubeconfig) as api:
-            crd = REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml"
-            install_crd(api, yaml.safe_load(crd.read_text()))
-            for name in (NAMESPACE, "gpuguard"):
-                api.create(
-                    "/api/v1/namespaces",
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-                )
-            karpenter.start(api)
+            karpenter.start(api, namespaces=(NAMESPACE, "gpuguard"))
             yield plane
     finally:
         karpenter.stop()
@@ -92,14 +84,6 @@ def eks_agent_reports_xid79(api: KubeApi, node: str) -> None:
     ]
     conditions += [{"$patch": "delete", "type": kind} for kind in PROFILES["gpuguard"].values()]
     api.patch(f"/api/v1/nodes/{node}/status", {"status": {"conditions": conditions}}, "strategic")
-
-
-def gone(api: KubeApi, node: str) -> bool:
-    try:
-        api.get(f"/api/v1/nodes/{node}")
-    except KubeNotFound:
-        return True
-    return False
 
 
 def test_replace_hands_the_node_to_karpenter_once_and_the_job_resumes_on_its_replacement(
@@ -175,7 +159,7 @@ def test_with_karpenters_node_repair_on_a_node_it_will_replace_is_left_to_it(
     try:
         eks_agent_reports_xid79(api, sick)
         wait_for(lambda: tainted(api, sick), 30, "gpuguard's quarantine")
-        wait_for(lambda: gone(api, sick), 120, "Karpenter's repair replacing the node")
+        wait_for(lambda: node_gone(api, sick), 120, "Karpenter's repair replacing the node")
         (episode,) = [
             e for e in api.list(NODE_REMEDIATIONS.path()).items if e["spec"]["nodeName"] == sick
         ]
@@ -225,7 +209,7 @@ def test_a_storm_past_karpenters_limit_leaves_every_node_quarantined_and_whole(
         wait_for(blocked, 90, "Karpenter's repair refusing past its 20 % limit")
         for name in storm:
             wait_for(lambda name=name: tainted(api, name), 30, "gpuguard's quarantine")
-            assert not gone(api, name) and not api.get(f"/api/v1/nodes/{name}")["spec"].get(
+            assert not node_gone(api, name) and not api.get(f"/api/v1/nodes/{name}")["spec"].get(
                 "unschedulable"
             )
         assert cluster.audit_log is not None

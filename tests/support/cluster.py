@@ -47,9 +47,15 @@ NODECLAIM_CRD = {
 
 def install_crds(api: KubeApi) -> None:
     """gpuguard's NodeRemediation CRD and a stand-in for Karpenter's NodeClaim CRD."""
-    ours = yaml.safe_load((REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml").read_text())
-    for crd in (ours, NODECLAIM_CRD):
-        install_crd(api, crd)
+    install_gpuguard_crd(api)
+    install_crd(api, NODECLAIM_CRD)
+
+
+def install_gpuguard_crd(api: KubeApi) -> None:
+    """The chart's NodeRemediation CRD."""
+    install_crd(
+        api, yaml.safe_load((REPO / "deploy/helm/gpuguard/crds/noderemediations.yaml").read_text())
+    )
 
 
 def install_crd(api: KubeApi, crd: dict[str, Any]) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from gpuguard.kube.rest import KubeApi
-from tests.support.cluster import install_crd, wait_for
+from gpuguard.kube.rest import KubeApi, KubeNotFound
+from tests.support.cluster import install_crd, install_gpuguard_crd, wait_for
 from tests.support.controlplane import START_TIMEOUT_S, ControlPlane, free_port, terminate
 from tests.support.jobsystem import JobSystem
 
@@ -92,7 +92,7 @@ def gpu_nodepool() -> dict[str, object]:
 
 class KarpenterCluster:
     """``start`` brings up the Job system (the controllers above, kube-scheduler, KWOK) and
-    Karpenter, installs Karpenter's CRDs from its module and a GPU NodePool."""
+    Karpenter, installs gpuguard's CRD, Karpenter's from its module and a GPU NodePool."""
 
     def __init__(self, plane: ControlPlane, workdir: Path, *, repair_toleration: str) -> None:
         self.plane = plane
@@ -101,7 +101,12 @@ class KarpenterCluster:
         self.system = JobSystem(plane, workdir, CONTROLLERS)
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, api: KubeApi) -> None:
+    def start(self, api: KubeApi, namespaces: tuple[str, ...] = ()) -> None:
+        """``namespaces``: created first (the Jobs', the controller's Lease's)."""
+        for name in namespaces:
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            api.create("/api/v1/namespaces", namespace)
+        install_gpuguard_crd(api)
         for path in sorted((self.plane.bin / "crds" / "karpenter").glob("*.yaml")):
             install_crd(api, yaml.safe_load(path.read_text()))
         self.system.start()
@@ -155,6 +160,14 @@ class KarpenterCluster:
                 return False
 
         wait_for(ready, START_TIMEOUT_S, "Karpenter ready")
+
+
+def node_gone(api: KubeApi, name: str) -> bool:
+    try:
+        api.get(f"/api/v1/nodes/{name}")
+    except KubeNotFound:
+        return True
+    return False
 
 
 def nodeclaims(api: KubeApi) -> list[dict[str, object]]:
