@@ -85,16 +85,15 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuguard-karpenter-bench-") as tmp:
         workdir = Path(tmp)
-        plane = ControlPlane(workdir, testenv_bin())
-        karpenter = KarpenterCluster(plane, workdir, repair_toleration=args.toleration)
-        try:
-            plane.start()
-            with load_api(plane.admin_kubeconfig) as api:
-                karpenter.start(api, namespaces=(NAMESPACE, "gpuguard"))
-                results = {name: scenario(api, name) for name in ("gpuguard", "karpenter-repair")}
-        finally:
-            karpenter.stop()
-            plane.stop()
+        with ControlPlane(workdir, testenv_bin()) as plane:
+            karpenter = KarpenterCluster(plane, workdir, repair_toleration=args.toleration)
+            try:
+                with load_api(plane.admin_kubeconfig) as api:
+                    karpenter.start(api, namespaces=(NAMESPACE, "gpuguard"))
+                    scenarios = ("gpuguard", "karpenter-repair")
+                    results = {name: scenario(api, name) for name in scenarios}
+            finally:
+                karpenter.stop()
     print(f"Karpenter repair toleration: {args.toleration}")
     print(f"{'from the fault to':24} {'gpuguard':>10} {'karpenter-repair':>18} {'ratio':>7}")
     for measure in ("job running again", "old node gone"):

@@ -43,12 +43,8 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="module")
 def audited_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(Path(tmp_path_factory.mktemp("audited")), testenv_bin(), audit=True)
-    try:
-        plane.start()
+    with ControlPlane(Path(tmp_path_factory.mktemp("audited")), testenv_bin(), audit=True) as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,8 @@ from tests.support.jobsystem import JobSystem
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(Path(tmp_path_factory.mktemp("controlplane")), testenv_bin())
-    try:
-        plane.start()
+    with ControlPlane(Path(tmp_path_factory.mktemp("controlplane")), testenv_bin()) as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="module")

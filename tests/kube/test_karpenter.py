@@ -41,16 +41,14 @@ NAMESPACE = "train"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """The plane (its audit log tells gpuguard's writes from Karpenter's), Karpenter on it."""
     workdir = Path(tmp_path_factory.mktemp("karpenter"))
-    plane = ControlPlane(workdir, controlplane.testenv_bin(), audit=True)
-    karpenter = KarpenterCluster(plane, workdir, repair_toleration="30s")
-    try:
-        plane.start()
-        with load_api(plane.admin_kubeconfig) as api:
-            karpenter.start(api, namespaces=(NAMESPACE, "gpuguard"))
-            yield plane
-    finally:
-        karpenter.stop()
-        plane.stop()
+    with ControlPlane(workdir, controlplane.testenv_bin(), audit=True) as plane:
+        karpenter = KarpenterCluster(plane, workdir, repair_toleration="30s")
+        try:
+            with load_api(plane.admin_kubeconfig) as api:
+                karpenter.start(api, namespaces=(NAMESPACE, "gpuguard"))
+                yield plane
+        finally:
+            karpenter.stop()
 
 
 def node_of(pod: dict[str, Any]) -> str:

@@ -168,6 +168,18 @@ class ControlPlane:
         terminate(self._etcd)
         self._etcd = None
 
+    def __enter__(self) -> ControlPlane:
+        """Started; a failed start stops what did start."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     @property
     def apiserver_pid(self) -> int:
         """The running kube-apiserver's process id (for tests that freeze it)."""
