@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import tracemalloc
@@ -170,22 +171,27 @@ class Sink:
         return [line for block, _ in self.blocks for line in block.split(b"\n") if line]
 
 
-def follow_into(path, sink, poll_s=0.01):
-    stop = threading.Event()
+@contextlib.contextmanager
+def following(path, poll_s=0.01):
+    """A FileFollower of ``path`` on its thread, feeding the Sink yielded once it has
+    delivered the log's first read; stopped on the way out."""
+    sink, stop = Sink(), threading.Event()
     thread = threading.Thread(
         target=FileFollower(path, poll_s=poll_s).follow, args=(sink, stop), daemon=True
     )
     thread.start()
-    return stop, thread
+    try:
+        wait_for(lambda: sink.blocks)
+        yield sink
+    finally:
+        stop.set()
+        thread.join(2)
 
 
 def test_an_overlong_line_keeps_its_head_and_its_tail_and_nothing_longer(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("")
-    sink = Sink()
-    stop, thread = follow_into(log, sink)
-    try:
-        wait_for(lambda: sink.blocks)
+    with following(log) as sink:
         with log.open("ab") as handle:
             handle.write(XID48.encode() + b" trailing junk" * 100_000 + b"\n")
             for _ in range(30):  # an unterminated line growing over many polls
@@ -197,9 +203,6 @@ def test_an_overlong_line_keeps_its_head_and_its_tail_and_nothing_longer(tmp_pat
         assert all(len(line) <= MAX_LINE_BYTES for line in lines)
         assert lines[0].startswith(XID48.encode())  # the head of the first long line
         assert lines[-1].endswith(XID79.encode())  # the tail of the second
-    finally:
-        stop.set()
-        thread.join(2)
 
 
 def test_a_flood_of_lines_is_kept_as_counted_incidents_in_bounded_memory():
@@ -235,10 +238,7 @@ def test_a_job_fault_expires_a_time_to_live_after_its_last_line():
 def test_a_vanished_log_is_said_after_a_grace_and_read_again_when_it_is_back(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("boot line\n")
-    sink = Sink()
-    stop, thread = follow_into(log, sink)
-    try:
-        wait_for(lambda: sink.blocks)
+    with following(log) as sink:
         log.unlink()
         wait_for(lambda: sink.troubles, what="the follower saying the log is gone")
         assert str(log) in sink.troubles[0] and "no such file" in sink.troubles[0]
@@ -248,26 +248,17 @@ def test_a_vanished_log_is_said_after_a_grace_and_read_again_when_it_is_back(tmp
         log.mkdir()
         wait_for(lambda: len(sink.troubles) == 2)
         assert "not a regular file" in sink.troubles[1]
-    finally:
-        stop.set()
-        thread.join(2)
 
 
 def test_a_rotation_does_not_flap_the_kernel_layer(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("boot line\n")
-    sink = Sink()
-    stop, thread = follow_into(log, sink)
-    try:
-        wait_for(lambda: sink.blocks)
+    with following(log) as sink:
         for n in range(20):  # logrotate's create: renamed away, a new file in its place
             log.rename(tmp_path / f"kern.log.{n}")
             log.write_text(f"rotated {n}\n")
         wait_for(lambda: (b"rotated 19\n", True) in sink.blocks)
         assert sink.troubles == []
-    finally:
-        stop.set()
-        thread.join(2)
 
 
 def test_an_unreadable_log_keeps_the_hardware_faults_already_seen(tmp_path):
