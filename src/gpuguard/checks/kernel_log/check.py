@@ -111,15 +111,8 @@ class RepeatScanner:
         """The events of ``block``'s lines, in log order."""
         found: list[KernelEvent] = []
         parsed = self._parsed
-        next_line = 0  # as in _relevant_spans, inlined: this runs for every line of a flood
-        for _, start, _ in _FINDER.find_matches_as_indexes(block):
-            if start < next_line:
-                continue
-            end = block.find(b"\n", start)
-            if end < 0:
-                end = len(block)
-            next_line = end
-            line = block[block.rfind(b"\n", 0, start) + 1 : end]
+        for start, end in _relevant_spans(block):
+            line = block[start:end]
             key = line[m.end() :] if (m := _STAMP.match(line)) else line
             events = parsed.get(key)
             found.extend(self._parse(key, line) if events is None else events)
