@@ -42,6 +42,7 @@ class Slot:
     notready: bool = False
     tainted: bool = False
     cordoned: bool = False
+    gpu_withdrawn: bool = False  # the device plugin marked a GPU Unhealthy until it restarts
     drain_until: float = 0.0
     human_pending: bool = False
     schedulable: bool = False
@@ -90,7 +91,9 @@ class Fleet:
         # A machine in the slot and no action holding it, then the one definition the
         # controller uses; the scheduler goes by the same flags but cannot see faults.
         present = slot.machine is not None and not slot.down
-        ready, cordoned, quarantined = not slot.notready, slot.cordoned, slot.tainted
+        # A withdrawn GPU leaves 7 of 8 allocatable: no whole-node pod fits, as if cordoned.
+        ready, cordoned = not slot.notready, slot.cordoned or slot.gpu_withdrawn
+        quarantined = slot.tainted
         schedulable = present and in_service(
             ready=ready, cordoned=cordoned, quarantined=quarantined, faulty=False
         )
@@ -126,6 +129,16 @@ class Fleet:
             slot.tainted = tainted
         if cordoned is not None:
             slot.cordoned = cordoned
+        self.refresh(slot)
+
+    def withdraw_gpu(self, slot: Slot) -> None:
+        """The device plugin stops offering a GPU; a person is asked to look (the node no
+        longer takes a whole-node job, which an operator's capacity alert shows)."""
+        if slot.gpu_withdrawn:
+            return
+        slot.gpu_withdrawn = True
+        self._stats.detected(slot.faults.values(), self._events.now)
+        self.request_human(slot)
         self.refresh(slot)
 
     def start_test(self, slot: Slot, duration: float) -> None:
@@ -164,6 +177,8 @@ class Fleet:
         failed = not manual and self._rng.random() < self._actions.failure_probability
         level = Fix.RESET if what == "reset" else Fix.REBOOT
         faults = self._world.fault_process
+        if level is Fix.REBOOT:
+            slot.gpu_withdrawn = False  # the device plugin starts again, every GPU healthy
         if not failed:
             cleared = [
                 f
@@ -202,7 +217,7 @@ class Fleet:
         slot.checked.clear()
         slot.notready = False
         slot.down = ""
-        slot.tainted = slot.cordoned = False
+        slot.tainted = slot.cordoned = slot.gpu_withdrawn = False
         books.occupied -= 1
         books.repairing += 1
         self._events.at(now + self._fleet.repair_days * DAY, self._repaired_machine)
@@ -260,6 +275,8 @@ class Fleet:
             f for f in slot.faults.values() if f.fix in (Fix.RESET, Fix.REBOOT, Fix.REPLACE)
         ]
         if not persistent:
+            if slot.gpu_withdrawn:  # nothing wrong now: a reboot gives the GPU back
+                self.repair(slot, "reboot", manual=True)
             return
         self._stats.detected(slot.faults.values(), self._events.now)
         if max(f.fix for f in persistent) <= Fix.REBOOT:

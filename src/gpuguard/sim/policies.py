@@ -1,8 +1,12 @@
 """The two baselines the gpuguard policy is compared with, on the same failures.
 
-- ``none``: Kubernetes defaults only. Nothing reads GPU signals; a node is dealt with when
-  it stops answering, a GPU fault kills the job (retried by its own budget), and people
-  chase the nodes that keep killing jobs.
+- ``none``: Kubernetes defaults: the NVIDIA device plugin's own health check and nothing
+  else. The plugin marks a GPU Unhealthy on any critical Xid but the application errors it
+  skips (``DEVICE_PLUGIN_SKIPPED_XIDS``) and stops offering it until it restarts (a reboot),
+  so the node no longer takes a whole-node job; operators get a ticket for such a node.
+  Nothing else reads GPU signals: a node is dealt with when it stops answering, a GPU fault
+  kills the job (retried by its own budget), and people chase the nodes that keep killing
+  jobs.
 - ``reactive``: node-problem-detector plus a drain controller and reboots. Any kernel log
   line its rules match (any Xid, as the usual custom rule ``NVRM: Xid`` does) cordons,
   drains and reboots the node; the condition clears with the new boot. It reads no GPU
@@ -14,10 +18,23 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from gpuguard.checks.kernel_log.messages import parse_line
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import DAY
 
 REPEAT_WINDOW_S = 7 * DAY  # a second drain within this window gets a person's attention
+# NVIDIA k8s-device-plugin, internal/rm/health.go (getDisabledHealthCheckXids): the
+# application errors it never counts against a GPU ("the GPU should still be healthy").
+DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+def device_plugin_marks(lines: list[str]) -> bool:
+    """Whether the device plugin's Xid health check marks a GPU Unhealthy on these lines."""
+    events = [parse_line(line) for line in lines]
+    return any(
+        e is not None and e.kind == "xid" and e.code not in (None, *DEVICE_PLUGIN_SKIPPED_XIDS)
+        for e in events
+    )
 
 
 class NoPolicy:
@@ -26,9 +43,14 @@ class NoPolicy:
 
     def attach(self, engine: Engine) -> None:
         self.engine = engine
+        self.health_check = engine.scenario.detection.device_plugin_health_check
 
     def signals_changed(self, slot: Slot) -> None:
-        """Nothing reads the node's signals."""
+        """Only the device plugin reads the node, and only its Xids."""
+        if not self.health_check or slot.gpu_withdrawn or slot.machine is None:
+            return
+        if device_plugin_marks([line for _, line, _, _ in slot.kernel]):
+            self.engine.fleet.withdraw_gpu(slot)
 
     def node_replaced(self, slot: Slot) -> None:
         """A new machine needs nothing from us."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from gpuguard.sim.results import PolicyResult
+from gpuguard.sim.results import SIZE_CLASSES, PolicyResult
 from gpuguard.sim.run import Simulation
 
 TARGET_AVAILABILITY = 0.9995
@@ -30,7 +30,13 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             "  succeeded / failed / running",
             lambda r: "{succeeded} / {failed} / {unfinished}".format(**r.jobs),
         ),
+        ("job success by GPU-hours of work", lambda r: _pct(r.job_success_by_gpu_hours)),
+        *(
+            (f"  jobs of {label} GPUs: rate (failed / ended)", _size_cell(label))
+            for _, label in SIZE_CLASSES
+        ),
         ("ETTR", lambda r: f"{r.ettr:.4f}"),
+        ("ETTR, a failed job's work lost", lambda r: f"{r.ettr_failed_lost:.4f}"),
         ("goodput (useful / all GPU-hours)", lambda r: f"{r.goodput:.4f}"),
         ("MTTR, fault to back in service (h)", lambda r: f"{r.mttr_hours:.2f}"),
         (
@@ -77,6 +83,16 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
         ),
         ("breaker trips", lambda r: str(r.breaker_trips)),
     ]
+
+
+def _size_cell(label: str) -> Callable[[PolicyResult], str]:
+    def cell(result: PolicyResult) -> str:
+        outcome = result.job_success_by_size[label]
+        rate = outcome.rate
+        ended = outcome.succeeded + outcome.failed
+        return "-" if rate is None else f"{_pct(rate)} ({outcome.failed} / {ended})"
+
+    return cell
 
 
 def _hidden(result: PolicyResult, cls: str) -> str:

@@ -8,10 +8,24 @@ from dataclasses import dataclass, field
 
 from gpuguard.sim.engine import BIN_S, Engine, FaultTimes
 from gpuguard.sim.faults import HIDDEN_CLASSES, HOUR
-from gpuguard.sim.jobs import JobState
+from gpuguard.sim.jobs import Job, JobState
 from gpuguard.sli import job_success_rate, ratio
 
 GPUS_PER_NODE = 8
+# Job size classes by GPUs (lower bounds), after the literature's split of small jobs from
+# the 512+ GPU runs whose failures dominate GPU-hours (Kokolis et al., HPCA'25). A whole
+# node is 8 GPUs, so the simulator's jobs start in the second class.
+SIZE_CLASSES = ((1, "1-7"), (8, "8-127"), (128, "128-511"), (512, "512+"))
+
+
+def size_class(gpus: int) -> str:
+    label = SIZE_CLASSES[0][1]
+    for low, name in SIZE_CLASSES:
+        if gpus >= low:
+            label = name
+    return label
+
+
 # Where the fleet's GPU-hours went, in the order the report stacks them.
 GPU_HOUR_KINDS = (
     "useful",
@@ -59,7 +73,11 @@ class PolicyResult:
     gpu_node_availability: float
     slot_availability: float
     job_success_rate: float
+    # Ended jobs weighted by their work (GPU-hours at full speed), and by size class.
+    job_success_by_gpu_hours: float
+    job_success_by_size: dict[str, SizeOutcome]
     ettr: float
+    ettr_failed_lost: float  # a failed job's work counts as lost, its wall time stays
     goodput: float
     mttr_hours: float
     false_drains_per_node_day: float
@@ -88,7 +106,10 @@ class PolicyResult:
             "gpu_node_availability": self.gpu_node_availability,
             "slot_availability": self.slot_availability,
             "job_success_rate": self.job_success_rate,
+            "job_success_by_gpu_hours": self.job_success_by_gpu_hours,
+            "job_success_by_size": {k: v.to_dict() for k, v in self.job_success_by_size.items()},
             "ettr": self.ettr,
+            "ettr_failed_work_lost": self.ettr_failed_lost,
             "goodput": self.goodput,
             "mttr_hours": self.mttr_hours,
             "false_drains_per_node_day": self.false_drains_per_node_day,
@@ -109,6 +130,23 @@ class PolicyResult:
             "deep_suite_runs": self.deep_runs,
             "repair_node_hours_by_class": self.repair_node_hours_by_class,
         }
+
+
+@dataclass
+class SizeOutcome:
+    """Ended jobs of one size class."""
+
+    succeeded: int
+    failed: int
+
+    @property
+    def rate(self) -> float | None:
+        """None when no job of the class ended (not a perfect score)."""
+        ended = self.succeeded + self.failed
+        return job_success_rate(self.succeeded, self.failed) if ended else None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"succeeded": self.succeeded, "failed": self.failed, "rate": self.rate}
 
 
 @dataclass
@@ -143,6 +181,7 @@ def summarise(engine: Engine) -> PolicyResult:
     succeeded, failed = states[JobState.SUCCEEDED], states[JobState.FAILED]
     started = [job for job in jobs if job.first_start is not None]
     useful = sum(job.saved_h * job.nodes for job in started)
+    kept = sum(job.saved_h * job.nodes for job in started if job.state is not JobState.FAILED)
     wall = sum(
         ((job.ended_at if job.ended_at is not None else engine.horizon) - job.first_start)
         / HOUR
@@ -174,7 +213,10 @@ def summarise(engine: Engine) -> PolicyResult:
         gpu_node_availability=engine.machine_share.share,
         slot_availability=engine.slot_share.share,
         job_success_rate=job_success_rate(succeeded, failed),
+        job_success_by_gpu_hours=_success_by_work(jobs),
+        job_success_by_size=_success_by_size(jobs),
         ettr=ratio(useful, wall),
+        ettr_failed_lost=ratio(kept, wall),
         goodput=ratio(useful, fleet_node_hours),
         mttr_hours=statistics.fmean(repaired) if repaired else 0.0,
         false_drains_per_node_day=stats.false_drains / (nodes * scenario.days),
@@ -209,6 +251,24 @@ def summarise(engine: Engine) -> PolicyResult:
         deep_runs=dict(sorted(stats.deep_runs.items())),
         repair_node_hours_by_class=_repair_by_class(engine),
     )
+
+
+def _success_by_work(jobs: list[Job]) -> float:
+    done = {JobState.SUCCEEDED: 0.0, JobState.FAILED: 0.0}
+    for job in jobs:
+        if job.state in done:
+            done[job.state] += job.work_h * job.nodes
+    return ratio(done[JobState.SUCCEEDED], sum(done.values()))
+
+
+def _success_by_size(jobs: list[Job]) -> dict[str, SizeOutcome]:
+    outcomes = {name: SizeOutcome(0, 0) for _, name in SIZE_CLASSES}
+    for job in jobs:
+        if job.state is JobState.SUCCEEDED:
+            outcomes[size_class(job.nodes * GPUS_PER_NODE)].succeeded += 1
+        elif job.state is JobState.FAILED:
+            outcomes[size_class(job.nodes * GPUS_PER_NODE)].failed += 1
+    return outcomes
 
 
 def _repair_by_class(engine: Engine) -> dict[str, float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -120,6 +120,13 @@ class Detection(_Strict):
     watchdog_min: Positive = Field(default=10.0, description="NCCL watchdog: a hung job dies")
     sdc_detection_h: Positive = Field(default=24.0, description="Until a loss spike shows SDC")
     manual_response_h: Positive = Field(default=12.0, description="Until a human acts")
+    device_plugin_health_check: bool = Field(
+        default=True,
+        description=(
+            "The none run has the NVIDIA device plugin's Xid health check on (its default;"
+            " false is DP_DISABLE_HEALTHCHECKS=xids)"
+        ),
+    )
 
 
 class DeepChecks(_Strict):
@@ -183,7 +190,15 @@ class Jobs(_Strict):
     )
     retry_budget: int = Field(default=5, ge=0, description="Restarts before the job fails")
     capacity_timeout_h: Positive = Field(
-        default=12.0, description="A restarting job waiting longer than this fails"
+        default=12.0,
+        description="Under first_fit, a restarting job waiting longer than this fails",
+    )
+    restart_scheduling: Literal["gang", "first_fit"] = Field(
+        default="gang",
+        description=(
+            "gang: an interrupted job keeps its quota (Kueue, JobSet) and waits as long as"
+            " it takes; first_fit: its nodes go to whichever job fits first"
+        ),
     )
 
 

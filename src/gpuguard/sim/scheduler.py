@@ -37,6 +37,10 @@ class Scheduler:
         self._detection = scenario.detection
         self._sdc_fails_job = scenario.failures.sdc_fails_job
         self._free = world.fleet.free
+        # Gang scheduling (Kueue, JobSet): an interrupted job keeps its quota, so the nodes
+        # freed meanwhile are its first and it never gives up for want of capacity.
+        self._gang = scenario.jobs.restart_scheduling == "gang"
+        self._requeueing: dict[int, int] = {}  # job id -> nodes, in their requeue delay
         self.waiting: list[Job] = []  # interrupted, restart first
         self.queued: list[Job] = []
         self.smallest_job = min(size.nodes for size in scenario.jobs.mix)
@@ -58,14 +62,20 @@ class Scheduler:
 
     def _schedule(self) -> None:
         self._scheduling = False
+        free = self._free
+        # Under gang scheduling the quota of every interrupted job is held back from the
+        # jobs behind it; first-fit lets any job that fits take the nodes.
+        held = sum(self._requeueing.values())
         for line in (self.waiting, self.queued):
             index = 0
-            while index < len(line) and len(self._free) >= self.smallest_job:
+            while index < len(line) and len(free) - held >= self.smallest_job:
                 job = line[index]
-                if job.nodes <= len(self._free):
+                if job.nodes <= len(free) - held:
                     del line[index]
                     self._place(job)
                 else:
+                    if self._gang and line is self.waiting:
+                        held += job.nodes
                     index += 1
 
     def _place(self, job: Job) -> None:
@@ -90,12 +100,13 @@ class Scheduler:
 
     def _ready(self, job: Job) -> None:
         now = self._events.now
-        job.start_up_until(now)
         for index in job.slots:
             for fault in self._slots[index].faults.values():
                 if fault.effect in (Effect.CRASH, Effect.DOWN):
-                    self.interrupt(job, cause="fault", fault=fault)  # dies initialising
+                    # Dies initialising: the interruption books the start-up, once.
+                    self.interrupt(job, cause="fault", fault=fault)
                     return
+        job.start_up_until(now)
         job.state = JobState.RUNNING
         job.segment_start = now
         job.speed = self._pace(job)
@@ -259,15 +270,22 @@ class Scheduler:
             job.state = JobState.WAITING
             job.waiting_since = now
             at = self._events.at
-            timeout = at(now + self._jobs.capacity_timeout_h * HOUR, self._capacity_timeout, job)
             requeue = at(now + self._jobs.requeue_delay_s, self._requeue, job)
-            self._timers[job.id] = (timeout, requeue)
+            if self._gang:
+                self._requeueing[job.id] = job.nodes
+                self._timers[job.id] = (requeue,)
+            else:
+                timeout = at(
+                    now + self._jobs.capacity_timeout_h * HOUR, self._capacity_timeout, job
+                )
+                self._timers[job.id] = (timeout, requeue)
         if cause == "fault":
             for slot in slots:
                 if slot.faults and faults.has_node_fault(slot):
                     self._world.fleet.request_human(slot)  # operators chase nodes that kill jobs
 
     def _requeue(self, job: Job) -> None:
+        self._requeueing.pop(job.id, None)
         if job.state is JobState.WAITING:
             self.waiting.append(job)
             self.want_scheduling()
@@ -279,6 +297,7 @@ class Scheduler:
             self._fail(job, "no capacity in time")
 
     def _fail(self, job: Job, why: str) -> None:
+        self._requeueing.pop(job.id, None)
         job.state = JobState.FAILED
         job.failure = why
         job.ended_at = self._events.now
