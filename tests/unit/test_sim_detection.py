@@ -35,6 +35,8 @@ def _scenario(
     data.update(days=20, seed=1)
     data["jobs"]["utilisation"] = busy
     data["fleet"]["nodes"] = 64
+    # A new fleet: at these rates a year in service would leave two hidden faults per node.
+    data["fleet"]["age_days"] = 0
     data["jobs"]["mix"] = [
         {"nodes": 1, "share": 0.5, "hours": [2, 24]},
         {"nodes": 8, "share": 0.5, "hours": [12, 72]},

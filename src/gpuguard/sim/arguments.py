@@ -5,13 +5,41 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+DEFAULT_SEEDS = 5
+
+
+def _seeds(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", type=Path, metavar="FILE", help="scenario YAML")
     parser.add_argument(
         "--policy-file", type=Path, metavar="FILE", help="remediation policy for the gpuguard run"
     )
-    parser.add_argument("--seed", type=int, metavar="N", help="random seed (same seed, same run)")
+    parser.add_argument("--seed", type=int, metavar="N", help="first random seed (same, same run)")
+    parser.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=DEFAULT_SEEDS,
+        metavar="N",
+        help=f"seeds from --seed; figures are a mean and 95 %% interval (default {DEFAULT_SEEDS})",
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also replay a fault trace (CSV, StepFun JSON, or 'infinitehbd', bundled)",
+    )
+    parser.add_argument(
+        "--trace-seeds",
+        type=_seeds,
+        default=1,
+        metavar="N",
+        help="seeds for the trace replay (they draw its workload and fixes; default 1)",
+    )
     parser.add_argument("--nodes", type=int, metavar="N", help="fleet size (GPU-node slots)")
     parser.add_argument("--days", type=float, metavar="N", help="simulated days")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

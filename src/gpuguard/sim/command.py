@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
 from gpuguard.errors import ConfigError
 from gpuguard.sim.html import render
-from gpuguard.sim.report import table, to_json
+from gpuguard.sim.report import report_data, table
 from gpuguard.sim.run import remediation_policy, simulate
 from gpuguard.sim.scenario import load_scenario
+from gpuguard.sim.trace import load_trace
 
 
 class _Progress:
@@ -35,13 +37,23 @@ def run_simulate(args: argparse.Namespace) -> int:
         seed=args.seed, days=args.days, nodes=args.nodes
     )
     policy = remediation_policy(scenario, args.policy_file)
+    trace = load_trace(args.trace) if args.trace is not None else None
     show = not args.no_progress and sys.stderr.isatty()
-    simulation = simulate(scenario, policy, progress=_Progress() if show else None)
-    print(to_json(simulation) if args.json else table(simulation))
+    progress = _Progress() if show else None
+    simulation = simulate(scenario, policy, progress=progress, seeds=args.seeds)
+    replay = None
+    if trace is not None:
+        replay = simulate(scenario, policy, progress=progress, seeds=args.trace_seeds, trace=trace)
+    if args.json:
+        data = report_data(simulation)
+        data["trace_replay"] = report_data(replay) if replay is not None else None
+        print(json.dumps(data, indent=2))
+    else:
+        print(table(simulation) + (f"\n\n{table(replay)}" if replay is not None else ""))
     if args.html is not None:
         try:
             args.html.parent.mkdir(parents=True, exist_ok=True)
-            args.html.write_text(render(simulation))
+            args.html.write_text(render(simulation, replay))
         except OSError as exc:
             raise ConfigError(f"--html {args.html}: cannot write: {exc.strerror}") from None
         print(f"HTML report: {args.html.resolve()}", file=sys.stderr if args.json else sys.stdout)

@@ -217,7 +217,98 @@ def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]
                     group=group if cls == "fabric" else -1,
                 )
             )
+    faults.extend(_present_at_start(scenario, rng, first_id=len(faults)))
     return faults
+
+
+def _present_at_start(scenario: Scenario, rng: np.random.Generator, first_id: int) -> list[Fault]:
+    """The hidden faults a fleet in service for ``fleet.age_days`` already carries at t = 0.
+
+    Nothing in a fleet without load tests finds a persistent fail-slow or SDC GPU, so one
+    stays until its machine is replaced for some other fault: a node carries each kind at
+    its onset rate times the mean time it has had to collect them, min(age, time to the
+    next replacement), the latter exponential at the scenario's rate of faults that need
+    new hardware. Drawn after the run's own faults, so those stay as the seed drew them.
+    """
+    failures = scenario.failures
+    age = scenario.fleet.age_days
+    replace_rate = replacement_rate(failures)
+    dwell = age if replace_rate == 0 else (1.0 - math.exp(-age * replace_rate)) / replace_rate
+    onsets = (
+        ("fail_slow", failures.fail_slow_per_1000_node_days * failures.fail_slow_persistent_share),
+        ("sdc", failures.classes.sdc.rate * failures.rate_multiplier),
+    )
+    faults: list[Fault] = []
+    for cls, per_1000 in onsets:
+        counts = rng.poisson(per_1000 / 1000.0 * dwell, scenario.fleet.nodes)
+        for slot in np.repeat(np.arange(scenario.fleet.nodes), counts):
+            fix = _draw_fix(
+                failures.fail_slow_persistent_fix
+                if cls == "fail_slow"
+                else failures.classes.sdc.fix,
+                rng,
+            )
+            faults.append(
+                Fault(
+                    id=first_id + len(faults),
+                    slot=int(slot),
+                    cls=cls,
+                    start=0.0,
+                    fix=fix,
+                    effect=KINDS[cls].effect,
+                    signal=Signal.NOTHING,
+                    gpu=int(rng.integers(0, 8)),
+                    end=None,
+                    slowdown=float(rng.uniform(*failures.fail_slow_factor)),
+                    lemon=False,
+                    check_phase=float(rng.random()),
+                )
+            )
+    return faults
+
+
+def replacement_rate(failures: Failures) -> float:
+    """Faults per node-day whose fix is new hardware, over every class."""
+    configs: list[FaultClass] = [getattr(failures.classes, c) for c in FaultClasses.model_fields]
+    per_1000 = sum(config.rate * config.fix.replace for config in configs)
+    return per_1000 * failures.rate_multiplier / 1000.0
+
+
+def fault_from_record(
+    fault_id: int,
+    slot: int,
+    cls: str,
+    start: float,
+    recorded_end: float,
+    scenario: Scenario,
+    rng: np.random.Generator,
+    *,
+    fix: Fix | None = None,
+    signal: Signal | None = None,
+) -> Fault:
+    """A fault of a replayed trace: its node, start and class as recorded; what clears it
+    drawn from the scenario's shares for the class unless the record says; one that ends
+    by itself (a cable, a switch) ends when the record says it did, as no policy hastens
+    it."""
+    fix = fix if fix is not None else _fix(cls, scenario.failures, rng)
+    if cls == "fail_slow" and fix is Fix.SELF:
+        fix = _draw_fix(scenario.failures.fail_slow_persistent_fix, rng)
+    signal = signal if signal is not None else _signal(cls, fix, rng)
+    _, slowdown = _duration(cls, fix, None, scenario, start, rng)
+    return Fault(
+        id=fault_id,
+        slot=slot,
+        cls=cls,
+        start=start,
+        fix=fix,
+        effect=_effect(cls, signal),
+        signal=signal,
+        gpu=int(rng.integers(0, 8)),
+        end=recorded_end if fix is Fix.SELF else None,
+        slowdown=slowdown,
+        lemon=False,
+        check_phase=float(rng.random()),
+    )
 
 
 def _racks(slots: int, per_rack: int) -> list[list[int]]:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 
 from gpuguard.sim.report import table
-from gpuguard.sim.results import GPU_HOUR_KINDS
+from gpuguard.sim.results import GPU_HOUR_KINDS, SIZE_CLASSES
 from gpuguard.sim.run import Simulation
 
 COLOURS = {"none": "#8c8c8c", "reactive": "#d9822b", "gpuguard": "#2b6cb0"}
@@ -167,14 +167,89 @@ def repair_plot(simulation: Simulation) -> str:
     return _svg(body, "Time to repair: share of faults back in service")
 
 
-def render(simulation: Simulation) -> str:
-    scenario = simulation.scenario
-    sections = [
-        ("GPU-node availability over time (slots, daily)", availability_plot(simulation)),
-        ("Job outcomes per policy", outcomes_plot(simulation)),
-        ("Time to repair (share of faults back in service)", repair_plot(simulation)),
-        ("Where the GPU-hours went", gpu_hours_plot(simulation)),
+JOB_VIEWS = (
+    ("per job", "job_success_rate"),
+    ("per GPU-hour", "job_success_by_gpu_hours"),
+    *((f"{label} GPUs", f"job_success_{label}_gpus") for _, label in SIZE_CLASSES[1:]),
+)
+
+
+def job_success_plot(simulation: Simulation) -> str:
+    """Job success four ways, mean over the seeds with its 95 % interval, per policy."""
+    names = list(simulation.results)
+    over = {name: simulation.over_seeds(name) for name in names}
+    bar_h, group_gap = 12, 14
+    group_h = bar_h * len(names) + group_gap
+    height = TOP + group_h * len(JOB_VIEWS) + 40
+    plot_w = W - LEFT - RIGHT - 40
+    left = LEFT + 40
+    floor = min(
+        [0.9]
+        + [
+            shown.mean
+            for name in names
+            for _, metric in JOB_VIEWS
+            if (shown := over[name][metric]) is not None
+        ]
+    )
+    floor = math.floor(floor * 10) / 10
+
+    def x_of(value: float) -> float:
+        return left + plot_w * (min(max(value, floor), 1.0) - floor) / (1.0 - floor)
+
+    body = []
+    for g, (label, metric) in enumerate(JOB_VIEWS):
+        y0 = TOP + g * group_h
+        body.append(_text(left - 6, y0 + bar_h * len(names) / 2 + 4, label, "end"))
+        for k, name in enumerate(names):
+            interval = over[name][metric]
+            y = y0 + k * bar_h
+            if interval is None:
+                body.append(_text(left + 4, y + bar_h - 2, f"{name}: no job ended", size=10))
+                continue
+            body.append(
+                f'<rect x="{left}" y="{y}" width="{x_of(interval.mean) - left:.1f}" '
+                f'height="{bar_h - 2}" fill="{COLOURS.get(name, "#000")}">'
+                f"<title>{html.escape(f'{name} {label}: {100 * interval.mean:.3f} %')}</title>"
+                "</rect>"
+            )
+            if math.isfinite(interval.low):
+                lo, hi = x_of(interval.low), x_of(interval.high)
+                mid = y + (bar_h - 2) / 2
+                body.append(
+                    f'<line x1="{lo:.1f}" x2="{hi:.1f}" y1="{mid:.1f}" y2="{mid:.1f}" '
+                    'stroke="#000" stroke-width="1.5"/>'
+                )
+    for i in range(6):
+        value = floor + (1.0 - floor) * i / 5
+        x = x_of(value)
+        body.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{height - 36}" stroke="#eee"/>'
+        )
+        body.append(_text(x, height - 22, f"{100 * value:.0f} %", "middle"))
+    body += _legend([(n, COLOURS.get(n, "#000")) for n in names], W - RIGHT + 16, TOP + 10)
+    return _svg(body, "Job success per job, per GPU-hour and by size", height)
+
+
+def _sections(simulation: Simulation) -> list[tuple[str, str]]:
+    return [
+        (
+            "Job success four ways (mean, 95 % interval over the seeds)",
+            job_success_plot(simulation),
+        ),
+        (
+            "GPU-node availability over time (slots, daily, first seed)",
+            availability_plot(simulation),
+        ),
+        ("Job outcomes per policy (first seed)", outcomes_plot(simulation)),
+        ("Time to repair (share of faults back in service, first seed)", repair_plot(simulation)),
+        ("Where the GPU-hours went (first seed)", gpu_hours_plot(simulation)),
     ]
+
+
+def render(simulation: Simulation, replay: Simulation | None = None) -> str:
+    scenario = simulation.scenario
+    sections = _sections(simulation)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -183,13 +258,27 @@ def render(simulation: Simulation) -> str:
         "pre{background:#f7f7f7;padding:1em;overflow-x:auto;font-size:12px}"
         "h2{font-size:1.1em;margin-top:2em}</style></head><body>",
         f"<h1>gpuguard fleet simulation: {html.escape(scenario.name)}</h1>",
-        f"<p>{scenario.fleet.nodes} nodes of 8 GPUs, {scenario.days:g} days, seed"
-        f" {scenario.seed}. Every policy saw the same failures and the same jobs. The gpuguard"
+        f"<p>{scenario.fleet.nodes} nodes of 8 GPUs, {scenario.days:g} days, seeds"
+        f" {', '.join(map(str, simulation.seeds))}. Every policy saw the same failures and the"
+        " same jobs in each seed. The gpuguard"
         " run is the controller's own policy code (<code>remediation.decide</code>) fed by"
         " the agent's own parsers and rules.</p>",
         f"<pre>{html.escape(table(simulation))}</pre>",
     ]
     for title, svg in sections:
         parts.append(f"<h2>{html.escape(title)}</h2>{svg}")
+    if replay is not None and replay.trace is not None:
+        trace = replay.trace
+        parts += [
+            f"<h1>Replay of a recorded fault trace: {html.escape(trace.name)}</h1>",
+            f"<p>{trace.nodes} nodes, {trace.days:g} days, {len(trace.records)} recorded"
+            " faults, each emitted as the signal its class maps to (docs/simulator.md,"
+            " \u201cReplaying a fault trace\u201d). The three policies ran on the trace's"
+            " faults; \u201cas recorded\u201d is the trace's own operations: the downtime it"
+            " recorded.</p>",
+            f"<pre>{html.escape(table(replay))}</pre>",
+        ]
+        for title, svg in _sections(replay)[:2]:
+            parts.append(f"<h2>{html.escape(title)} (trace)</h2>{svg}")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -8,10 +8,12 @@ report says by how much and what would have to change, from the run's own number
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 from gpuguard.sim.results import SIZE_CLASSES, PolicyResult
 from gpuguard.sim.run import Simulation
+from gpuguard.sim.sweep import METRICS, Interval
 
 TARGET_AVAILABILITY = 0.9995
 TARGET_JOB_SUCCESS = 0.995
@@ -110,62 +112,140 @@ def _lost(result: PolicyResult) -> float:
     return sum(hours[k] for k in ("lost_work", "restarting", "deep_run_wait", "stalled_or_slow"))
 
 
+def _cell(interval: Interval | None, metric: str) -> str:
+    if interval is None:
+        return "-"
+    scale, digits = (1.0, 2) if metric == "mttr_hours" else (100.0, 3)
+    if metric.startswith(("ettr", "goodput")):
+        scale, digits = 1.0, 4
+    mean = f"{scale * interval.mean:.{digits}f}"
+    if not math.isfinite(interval.low):
+        return mean
+    return f"{mean} [{scale * interval.low:.{digits}f}, {scale * interval.high:.{digits}f}]"
+
+
+def _label(metric: str) -> str:
+    unit = (
+        " (h)" if metric == "mttr_hours" else "" if metric.startswith(("ettr", "goodput")) else " %"
+    )
+    return metric.replace("_", " ") + unit
+
+
+def _grid(rows: list[tuple[str, list[str]]]) -> list[str]:
+    width = max(len(label) for label, _ in rows)
+    cells = [max(len(row[1][i]) for row in rows) for i in range(len(rows[0][1]))]
+    return [
+        f"{label:<{width}}  " + "  ".join(f"{v:>{cells[i]}}" for i, v in enumerate(values))
+        for label, values in rows
+    ]
+
+
+def spread(simulation: Simulation) -> list[str]:
+    """Each headline figure over the seeds: mean [95 % interval]; a trace replay adds the
+    trace's own operations, as recorded."""
+    names = list(simulation.results)
+    over = {name: simulation.over_seeds(name) for name in names}
+    trace = simulation.trace
+    head = [*names, *(["as recorded"] if trace is not None else [])]
+    rows: list[tuple[str, list[str]]] = [("", head)]
+    for metric in METRICS:
+        cells = [_cell(over[name][metric], metric) for name in names]
+        if trace is not None:
+            recorded = metric in ("slot_availability", "gpu_node_availability")
+            cells.append(_pct(trace.recorded_availability()) if recorded else "-")
+        rows.append((_label(metric), cells))
+    seeds = simulation.seeds
+    title = f"Over {len(seeds)} seed(s) ({seeds[0]}-{seeds[-1]}): mean [95 % interval]"
+    return [title, *_grid(rows)]
+
+
 def table(simulation: Simulation) -> str:
     scenario = simulation.scenario
     names = list(simulation.results)
+    source = f"trace {simulation.trace.name}" if simulation.trace else f"scenario {scenario.name}"
     header = [
-        f"gpuguard simulate: scenario {scenario.name}, {scenario.fleet.nodes} nodes x 8 GPUs,"
-        f" {scenario.days:g} days, seed {scenario.seed}",
+        f"gpuguard simulate: {source}, {scenario.fleet.nodes} nodes x 8 GPUs,"
+        f" {scenario.days:g} days",
         "",
+        *spread(simulation),
+        "",
+        f"Seed {scenario.seed} in detail:",
     ]
     rows = [("", names)] + [
         (label, [value(simulation.results[n]) for n in names]) for label, value in _rows()
     ]
-    width = max(len(label) for label, _ in rows)
-    cells = [max(len(row[1][i]) for row in rows) for i in range(len(names))]
-    lines = [
-        f"{label:<{width}}  " + "  ".join(f"{v:>{cells[i]}}" for i, v in enumerate(values))
-        for label, values in rows
-    ]
-    return "\n".join(header + lines + ["", *targets(simulation)])
+    return "\n".join(header + _grid(rows) + ["", *targets(simulation)])
+
+
+TARGETS = (
+    ("physical GPU-node availability", "gpu_node_availability", TARGET_AVAILABILITY),
+    ("slot availability", "slot_availability", TARGET_AVAILABILITY),
+    ("job success", "job_success_rate", TARGET_JOB_SUCCESS),
+    ("job success by GPU-hours", "job_success_by_gpu_hours", TARGET_JOB_SUCCESS),
+)
+
+
+def verdicts(simulation: Simulation) -> dict[str, str]:
+    """Each target's verdict for the gpuguard run: met only if its interval is above it."""
+    if "gpuguard" not in simulation.results:
+        return {}
+    over = simulation.over_seeds("gpuguard")
+    verdicts = {}
+    for _, metric, target in TARGETS:
+        interval = over[metric]
+        verdicts[metric] = interval.verdict(target) if interval is not None else "not settled"
+    return verdicts
 
 
 def targets(simulation: Simulation) -> list[str]:
-    """Whether the gpuguard run meets the targets, and if not, what would have to change."""
+    """Whether the gpuguard run meets the targets over the seeds, and if not, what would
+    have to change (from the first seed's run)."""
     result = simulation.results.get("gpuguard")
     if result is None:
         return []
     scenario = simulation.scenario
+    over = simulation.over_seeds("gpuguard")
+    judged = verdicts(simulation)
     node_days = scenario.fleet.nodes * scenario.days
     incidents = result.time_to_repair_h.count + result.unrepaired_faults
     per_node_day = incidents / node_days if node_days else 0.0
     allowed_h = (1 / TARGET_AVAILABILITY - 1) / per_node_day * 24 if per_node_day else float("inf")
-    lines = ["Targets (gpuguard run, as simulated; nothing tuned):"]
-    for label, value in (
-        ("physical GPU-node availability", result.gpu_node_availability),
-        ("slot availability", result.slot_availability),
-    ):
-        verdict = "met" if value >= TARGET_AVAILABILITY else "MISSED"
-        lines.append(f"- {label} {_pct(value)} vs 99.95 %: {verdict}")
-        if value < TARGET_AVAILABILITY and per_node_day:
+    seeds = len(simulation.seeds)
+    lines = [
+        f"Targets (gpuguard run, {seeds} seed(s), met only if the 95 % interval is; nothing tuned):"
+    ]
+    for label, metric, target in TARGETS:
+        interval = over[metric]
+        verdict = judged[metric]
+        shown = _cell(interval, metric)
+        lines.append(f"- {label} {shown} % vs {_pct(target)}: {verdict}")
+        if verdict == "not settled":
+            lines.append(
+                "  The interval spans the target: more seeds (--seeds) narrow it; the"
+                " figures below are what would have to change to clear it."
+            )
+        if verdict == "met":
+            continue
+        if metric.endswith("availability") and per_node_day:
+            value = getattr(result, metric)
             mean_out_h = (1 / value - 1) / per_node_day * 24
             lines.append(
-                f"  {1000 * per_node_day:.2f} incidents per 1,000 node-days at a mean of"
-                f" {mean_out_h:.2f} h out of service each; 99.95 % allows {allowed_h:.2f} h."
+                f"  Seed {scenario.seed}: {1000 * per_node_day:.2f} incidents per 1,000"
+                f" node-days at a mean of {mean_out_h:.2f} h out of service each; 99.95 %"
+                f" allows {allowed_h:.2f} h."
                 + (
                     " Machines away for repair count here: only repair in place within that"
                     " time, or counting slots refilled from spares, gets there."
-                    if label.startswith("physical")
+                    if metric == "gpu_node_availability"
                     else _slot_remedy(result)
                 )
             )
-    verdict = "met" if result.job_success_rate >= TARGET_JOB_SUCCESS else "MISSED"
-    lines.append(f"- job success {_pct(result.job_success_rate)} vs 99.5 %: {verdict}")
-    if result.job_success_rate < TARGET_JOB_SUCCESS:
-        for why, count in sorted(result.job_failures.items()):
-            lines.append(
-                f"  {count} job(s) failed: {why}" + _remedy(why, scenario.jobs.retry_budget)
-            )
+        elif metric.startswith("job_success"):
+            for why, count in sorted(result.job_failures.items()):
+                lines.append(
+                    f"  Seed {scenario.seed}: {count} job(s) failed: {why}"
+                    + _remedy(why, scenario.jobs.retry_budget)
+                )
     runs = result.deep_runs.get("schedule", 0)
     if runs:
         waited = result.gpu_hours["deep_run_wait"]
@@ -177,10 +257,10 @@ def targets(simulation: Simulation) -> list[str]:
         )
     lost = result.gpu_hours["lost_work"]
     if lost > 0:
-        interval = scenario.jobs.checkpoint_interval_min
+        interval_min = scenario.jobs.checkpoint_interval_min
         lines.append(
             f"- {lost:,.0f} GPU-hours of work were redone after interruptions; checkpoints"
-            f" every {interval / 2:g} min instead of {interval:g} would about halve that."
+            f" every {interval_min / 2:g} min instead of {interval_min:g} would about halve that."
         )
     return lines
 
@@ -214,18 +294,47 @@ def _remedy(why: str, budget: int) -> str:
 
 
 def to_json(simulation: Simulation) -> str:
+    return json.dumps(report_data(simulation), indent=2)
+
+
+def report_data(simulation: Simulation) -> dict[str, object]:
+    """``policies``: the first seed's results; ``over_seeds``: every figure's mean and
+    95 % interval; ``seeds``: every seed's results."""
     scenario = simulation.scenario
-    return json.dumps(
-        {
-            "scenario": scenario.model_dump(mode="json", by_alias=True),
-            "seed": scenario.seed,
-            "policy": simulation.policy.model_dump(mode="json"),
-            "policies": {name: r.to_dict() for name, r in simulation.results.items()},
-            "targets": {
-                "gpu_node_availability": TARGET_AVAILABILITY,
-                "job_success_rate": TARGET_JOB_SUCCESS,
-                "findings": targets(simulation),
-            },
+    names = list(simulation.results)
+    trace = simulation.trace
+    return {
+        "scenario": scenario.model_dump(mode="json", by_alias=True),
+        "seed": scenario.seed,
+        "seeds": simulation.seeds,
+        "policy": simulation.policy.model_dump(mode="json"),
+        "policies": {name: r.to_dict() for name, r in simulation.results.items()},
+        "over_seeds": {
+            name: {
+                metric: (interval.to_dict() if interval is not None else None)
+                for metric, interval in simulation.over_seeds(name).items()
+            }
+            for name in names
         },
-        indent=2,
-    )
+        "runs": [
+            {"seed": seed, "policies": {n: r.to_dict() for n, r in run.items()}}
+            for seed, run in zip(
+                simulation.seeds, [simulation.results, *simulation.runs], strict=True
+            )
+        ],
+        "trace": None
+        if trace is None
+        else {
+            "name": trace.name,
+            "nodes": trace.nodes,
+            "days": trace.days,
+            "faults": len(trace.records),
+            "as_recorded": {"availability": trace.recorded_availability()},
+        },
+        "targets": {
+            "gpu_node_availability": TARGET_AVAILABILITY,
+            "job_success_rate": TARGET_JOB_SUCCESS,
+            "verdicts": verdicts(simulation),
+            "findings": targets(simulation),
+        },
+    }

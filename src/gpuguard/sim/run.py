@@ -1,9 +1,9 @@
-"""One simulation: the same failures and jobs, every policy in turn."""
+"""One simulation: the same failures and jobs, every policy in turn, over one or more seeds."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +17,29 @@ from gpuguard.sim.jobs import generate_jobs
 from gpuguard.sim.policies import NoPolicy, ReactivePolicy
 from gpuguard.sim.results import PolicyResult, summarise
 from gpuguard.sim.scenario import Scenario
+from gpuguard.sim.sweep import Interval, intervals
+from gpuguard.sim.trace import Trace
 
 POLICIES = ("none", "reactive", "gpuguard")
 
 
 @dataclass
 class Simulation:
+    """One seed: every policy's result. ``runs`` holds the further seeds of a sweep (the
+    first seed's are the top-level ``results``); ``trace`` is the replayed trace."""
+
     scenario: Scenario
     policy: Policy
     results: dict[str, PolicyResult]
+    runs: list[dict[str, PolicyResult]] = field(default_factory=list)
+    trace: Trace | None = None
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.scenario.seed + i for i in range(1 + len(self.runs))]
+
+    def over_seeds(self, name: str) -> dict[str, Interval | None]:
+        return intervals([self.results[name], *(run[name] for run in self.runs)])
 
 
 def remediation_policy(scenario: Scenario, policy_file: Path | None) -> Policy:
@@ -35,27 +49,55 @@ def remediation_policy(scenario: Scenario, policy_file: Path | None) -> Policy:
     return build_policy(scenario.gpuguard_policy, origin="scenario gpuguard_policy")
 
 
+def replay_scenario(scenario: Scenario, trace: Trace) -> Scenario:
+    """The scenario sized to the trace's fleet and span."""
+    return scenario.with_overrides(nodes=trace.nodes, days=trace.days)
+
+
 def simulate(
     scenario: Scenario,
     policy: Policy | None = None,
     *,
     policies: Sequence[str] = POLICIES,
     progress: Callable[[str, float], None] | None = None,
+    seeds: int = 1,
+    trace: Trace | None = None,
 ) -> Simulation:
     """Run every policy on the same failure stream and workload (both drawn from the seed
-    before any policy runs)."""
+    before any policy runs), for ``seeds`` seeds from the scenario's. With a ``trace``
+    the failures are the trace's (the scenario sized to it); the seed still draws the
+    workload and what clears each fault."""
     policy = policy or remediation_policy(scenario, None)
-    faults = generate_faults(scenario, np.random.default_rng([scenario.seed, 0]))
+    if trace is not None:
+        scenario = replay_scenario(scenario, trace)
     view = AgentView()
+    runs = []
+    for offset in range(seeds):
+        seeded = scenario.with_overrides(seed=scenario.seed + offset) if offset else scenario
+        runs.append(_one_seed(seeded, policy, policies, progress, view, trace))
+    return Simulation(scenario, policy, runs[0], runs[1:], trace)
+
+
+def _one_seed(
+    scenario: Scenario,
+    policy: Policy,
+    policies: Sequence[str],
+    progress: Callable[[str, float], None] | None,
+    view: AgentView,
+    trace: Trace | None,
+) -> dict[str, PolicyResult]:
+    rng = np.random.default_rng([scenario.seed, 0])
+    faults = trace.faults(scenario, rng) if trace is not None else generate_faults(scenario, rng)
     results = {}
     for name in policies:
         jobs = generate_jobs(scenario, np.random.default_rng([scenario.seed, 1]))
         driver = _driver(name, policy)
-        report = (lambda f, n=name: progress(n, f)) if progress is not None else None
+        label = f"{name} s{scenario.seed}"
+        report = (lambda f, n=label: progress(n, f)) if progress is not None else None
         engine = Engine(scenario, faults, jobs, driver, view, seed=scenario.seed, progress=report)
         engine.run()
         results[name] = summarise(engine)
-    return Simulation(scenario, policy, results)
+    return results
 
 
 def _driver(name: str, policy: Policy) -> Driver:

@@ -37,6 +37,10 @@ class Fleet(_Strict):
     repair_days: Positive = Field(
         default=7.0, description="A replaced machine's repair round trip, then it is a spare"
     )
+    age_days: NonNegative = Field(
+        default=365.0,
+        description="Days the fleet has been in service: the hidden faults it carries at t=0",
+    )
 
 
 class Fix(_Strict):
