@@ -10,6 +10,8 @@ tests' kubelet-less nodes NotReady.
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,14 @@ from typing import Any
 import pytest
 
 from gpuguard.contract.conditions import PROFILES
-from gpuguard.kube.remediations import NODE_REMEDIATIONS
+from gpuguard.kube.remediations import NODE_REMEDIATIONS, report_result
 from gpuguard.kube.rest import KubeApi, load_api
+from gpuguard.model import Action
+from gpuguard.remediation.model import ActionResult
 from tests.support import controlplane
 from tests.support.audit import AuditLog
 from tests.support.cluster import set_health, stamp, wait_for
-from tests.support.controllers import Running, new_controller, tainted
+from tests.support.controllers import Running, new_controller, remediations, tainted
 from tests.support.controlplane import ControlPlane
 from tests.support.jobsystem import (
     create_job,
@@ -35,6 +39,7 @@ from tests.support.jobsystem import (
 from tests.support.karpenter import KARPENTER_USER, KarpenterCluster, node_gone, nodeclaims
 
 NAMESPACE = "train"
+TOLERATION_S = 30  # Karpenter's repair toleration in these tests (the AWS provider's: 10 min)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """The plane (its audit log tells gpuguard's writes from Karpenter's), Karpenter on it."""
     workdir = Path(tmp_path_factory.mktemp("karpenter"))
     with ControlPlane(workdir, controlplane.testenv_bin(), audit=True) as plane:
-        karpenter = KarpenterCluster(plane, workdir, repair_toleration="30s")
+        karpenter = KarpenterCluster(plane, workdir, repair_toleration=f"{TOLERATION_S}s")
         try:
             with load_api(plane.admin_kubeconfig) as api:
                 karpenter.start(api, namespaces=(NAMESPACE, "gpuguard"))
@@ -177,12 +182,144 @@ def test_with_karpenters_node_repair_on_a_node_it_will_replace_is_left_to_it(
         api.close()
 
 
+def running_jobs(api: KubeApi, count: int, **annotations: str) -> list[dict[str, Any]]:
+    """``count`` training Jobs' pods running, one node each (8 GPUs a pod); ``annotations``
+    on their pods."""
+    jobs = []
+    for _ in range(count):
+        job = training_job()
+        job["spec"]["template"].setdefault("metadata", {})["annotations"] = annotations
+        jobs.append(create_job(api, NAMESPACE, job))
+    return [
+        wait_for(lambda job=job: running_pod(api, NAMESPACE, job), 90, "a pod running")
+        for job in jobs
+    ]
+
+
+def open_episode(api: KubeApi, node: str) -> dict[str, Any]:
+    """The node's open NodeRemediation ({} if none; a node may have closed ones too)."""
+    found = [r for r in remediations(api, node) if r["status"].get("phase") != "Closed"]
+    return found[0] if found else {}
+
+
+def claim_of(api: KubeApi, node: str) -> dict[str, Any]:
+    (claim,) = [c for c in nodeclaims(api) if c["status"].get("nodeName") == node]
+    return claim
+
+
+def test_a_reboot_longer_than_karpenters_toleration_is_not_cut_short(
+    cluster: ControlPlane,
+) -> None:
+    """gpuguard owns the ladder (its own condition names): a REBOOT whose answer takes
+    longer than Karpenter's repair toleration is left alone by Karpenter, while on the
+    same cluster in the same time Karpenter's repair replaces a node the EKS node
+    monitoring agent would have reported (NetworkingReady=False): the toleration did pass."""
+    api = load_api(cluster.admin_kubeconfig)
+    gpuguard = load_api(cluster.client_kubeconfig("gpuguard-rebooting"))
+    rebooting, other = (node_of(p) for p in running_jobs(api, 2))
+    claim = claim_of(api, rebooting)["metadata"]["name"]
+    set_health(api, rebooting)
+    attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 1, "REPLACE": 0}
+    controller = new_controller(
+        gpuguard, "gpuguard", "karpenter", max_attempts=attempts, action_timeout_s=600
+    )
+    running = Running(controller.run)
+    try:
+        set_health(api, rebooting, gpu="False", action="REBOOT", codes=("XID_79",))
+
+        def asked() -> dict[str, Any] | None:
+            episode = open_episode(api, rebooting)
+            request = episode.get("status", {}).get("request")
+            return episode if request and request["action"] == "REBOOT" else None
+
+        episode = wait_for(asked, 60, "the reboot asked of the node's agent")
+        asked_at = time.monotonic()
+        down = {"type": "NetworkingReady", "status": "False", "reason": "Test"}
+        down |= {"lastTransitionTime": stamp(), "lastHeartbeatTime": stamp()}
+        api.patch(f"/api/v1/nodes/{other}/status", {"status": {"conditions": [down]}}, "strategic")
+        wait_for(lambda: node_gone(api, other), 120, "Karpenter's repair of the other node")
+        assert time.monotonic() - asked_at >= TOLERATION_S
+        assert not node_gone(api, rebooting)
+        assert not claim_of(api, rebooting)["metadata"].get("deletionTimestamp")
+        assert cluster.audit_log is not None
+        touched = [
+            w
+            for w in AuditLog(cluster.audit_log).writes(resource="nodeclaims")
+            if w.verb == "delete" and w.name == claim
+        ]
+        assert not touched, touched
+        name = episode["metadata"]["name"]
+        assert api.get(NODE_REMEDIATIONS.path(name))["status"]["phase"] == "Acting"
+        done = ActionResult(1, Action.REBOOT, True, time.time(), "rebooted (test)")
+        report_result(api, name, done)
+        set_health(api, rebooting)  # back healthy after the reboot
+        wait_for(
+            lambda: api.get(NODE_REMEDIATIONS.path(name))["status"].get("resolution") == "Repaired",
+            60,
+            "the episode closed Repaired",
+        )
+        wait_for(
+            lambda: not api.get(f"/api/v1/nodes/{rebooting}")["spec"].get("unschedulable"),
+            30,
+            "the node uncordoned",
+        )
+    finally:
+        running.halt()
+        gpuguard.close()
+        api.close()
+
+
+def test_a_pod_that_asks_not_to_be_disrupted_holds_the_replacement_until_it_ends(
+    cluster: ControlPlane,
+) -> None:
+    """karpenter.sh/do-not-disrupt on the job's pod: gpuguard quarantines the node and
+    starts no rung while the pod runs (Karpenter would not evict it either); once the pod
+    has finished, the REPLACE goes ahead, once."""
+    api = load_api(cluster.admin_kubeconfig)
+    gpuguard = load_api(cluster.client_kubeconfig("gpuguard-respectful"))
+    (pod,) = running_jobs(api, 1, **{"karpenter.sh/do-not-disrupt": "true"})
+    sick = node_of(pod)
+    set_health(api, sick)
+    attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 0, "REPLACE": 1}
+    controller = new_controller(gpuguard, "gpuguard", "karpenter", max_attempts=attempts)
+    running = Running(controller.run)
+    try:
+        set_health(api, sick, gpu="False", action="REBOOT", codes=("XID_79",))
+
+        def held() -> bool:
+            steps = open_episode(api, sick).get("status", {}).get("steps") or []
+            return any("carries karpenter.sh/do-not-disrupt" in s["message"] for s in steps)
+
+        wait_for(held, 30, "the episode saying why it holds")
+        assert tainted(api, sick)
+        node = api.get(f"/api/v1/nodes/{sick}")
+        assert not node["spec"].get("unschedulable") and not node_gone(api, sick)
+        assert cluster.audit_log is not None
+        ours = AuditLog(cluster.audit_log).writes(user="gpuguard-respectful")
+        assert not [w for w in ours if w.resource == "nodeclaims" or w.subresource == "eviction"]
+        end_pod(api, pod, 0)  # the protected work is done
+        wait_for(lambda: node_gone(api, sick), 120, "the replacement, once the pod ended")
+        deletes = [
+            w
+            for w in AuditLog(cluster.audit_log).writes(
+                user="gpuguard-respectful", resource="nodeclaims"
+            )
+            if w.verb == "delete"
+        ]
+        assert len(deletes) == 1 and deletes[0].succeeded
+    finally:
+        running.halt()
+        gpuguard.close()
+        api.close()
+
+
 def test_a_storm_past_karpenters_limit_leaves_every_node_quarantined_and_whole(
     cluster: ControlPlane,
 ) -> None:
-    """Two of three nodes say AcceleratedHardwareReady=False: more than Karpenter's 20 %,
-    so its repair refuses (NodeRepairBlocked), and gpuguard (karpenter_repair) takes no
-    rung either: both nodes quarantined, neither cordoned, drained nor replaced."""
+    """More than Karpenter's 20 % of the nodes (two of three, say) say
+    AcceleratedHardwareReady=False, so its repair refuses (NodeRepairBlocked), and
+    gpuguard (karpenter_repair) takes no rung either: every such node quarantined, none
+    cordoned, drained nor replaced."""
     api = load_api(cluster.admin_kubeconfig)
     gpuguard = load_api(cluster.client_kubeconfig("gpuguard-storm"))
     while len(api.list("/api/v1/nodes").items) < 3:  # a Job's pod each, a node each
@@ -192,7 +329,8 @@ def test_a_storm_past_karpenters_limit_leaves_every_node_quarantined_and_whole(
     controller = new_controller(gpuguard, "gpuguard", "karpenter", karpenter_repair=True)
     running = Running(controller.run)
     try:
-        storm = nodes[:2]
+        # Karpenter allows ceil(20 % of the pool's nodes) unhealthy: one more is a storm.
+        storm = nodes[: math.ceil(len(nodes) * 0.2) + 1]
         for name in storm:
             eks_agent_reports_xid79(api, name)
 

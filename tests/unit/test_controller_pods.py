@@ -59,3 +59,44 @@ def test_counts_follow_the_watch():
     finished = pod("b", "n3")
     finished["status"]["phase"] = "Succeeded"
     assert cache.take(event("MODIFIED", finished)) == {"n3"} and cache.to_move("n3") == 0
+
+
+def protected(value: str, started: str | None = "2026-12-01T00:00:00Z", **extra: object) -> dict:
+    body = pod("t", "n1", **extra)
+    body["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] = value
+    if started is not None:
+        body["status"]["startTime"] = started
+    return body
+
+
+START = 1_796_083_200.0  # 2026-12-01T00:00:00Z
+
+
+def test_do_not_disrupt_holds_as_karpenter_reads_it():
+    cache = PodCache()
+    assert cache.take(event("ADDED", protected("true"))) == {"n1"}
+    assert cache.protected_by("n1", START + 10**6) == "ml/t"  # "true": while it runs
+    assert cache.protected_by("n2", START) == ""
+    # A Go duration protects until the pod has run that long.
+    cache.take(event("MODIFIED", protected("1h30m")))
+    assert cache.protected_by("n1", START + 5399) == "ml/t"
+    assert cache.protected_by("n1", START + 5400) == ""
+    cache.take(event("MODIFIED", protected("90m", started=None)))
+    assert cache.protected_by("n1", START + 10**6) == "ml/t"  # not started: fail safe
+    for ignored in ("false", "yes", "-5m", "0s", "5", "5 m", "1h-3m", ""):
+        cache.take(event("MODIFIED", protected(ignored)))
+        assert cache.protected_by("n1", START) == "", ignored
+    # A finished or terminating pod protects nothing.
+    cache.take(event("MODIFIED", protected("true", deletionTimestamp="2026-12-01T01:00:00Z")))
+    assert cache.protected_by("n1", START) == ""
+    done = protected("true")
+    done["status"]["phase"] = "Succeeded"
+    cache.take(event("MODIFIED", done))
+    assert cache.protected_by("n1", START) == ""
+
+
+def test_a_pod_gaining_do_not_disrupt_wakes_its_node():
+    cache = PodCache()
+    cache.take(event("ADDED", pod("t", "n1")))
+    assert cache.take(event("MODIFIED", protected("true"))) == {"n1"}
+    assert cache.take(event("MODIFIED", protected("true"))) == set()

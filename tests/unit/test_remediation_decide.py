@@ -483,3 +483,18 @@ def test_a_node_karpenters_repair_will_replace_is_left_to_it_when_told(karpenter
         assert "left to Karpenter's node repair" in plan.episodes["n1"].steps[-1].message
     else:
         assert plan.episodes["n1"].rung is Action.REBOOT
+
+
+def test_a_pod_that_asks_not_to_be_disrupted_holds_every_rung_but_not_the_taint():
+    """Karpenter's pod-level do-not-disrupt: the node is quarantined, no rung starts while
+    the pod runs (one step says why), and the ladder goes on once it has gone."""
+    held = node("n1", REBOOT, protected_by="ml/train-0")
+    plan = run(fleet(held), now=T0 + 3600)  # past the fault's tolerance
+    assert kinds(plan) == [K.RECORD, K.TAINT, K.RECORD]
+    ep = plan.episodes["n1"]
+    assert ep.rung is None
+    assert "ml/train-0 carries karpenter.sh/do-not-disrupt" in ep.steps[-1].message
+    again = run(fleet(dataclasses.replace(held, tainted=True)), {"n1": ep}, now=T0 + 3660)
+    assert again.decisions == []  # the same reason: no new step
+    free = node("n1", REBOOT, tainted=True)
+    assert run(fleet(free), {"n1": ep}, now=T0 + 3720).episodes["n1"].rung is Action.REBOOT

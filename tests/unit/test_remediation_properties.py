@@ -102,6 +102,9 @@ def _perturb(sim: Sim, data: st.DataObject) -> None:
             sim.set_gpu(name, ok())
         elif event == 4:
             sim.set(name, excluded=not sim.nodes[name].excluded)
+        elif event == 5:
+            held = "" if sim.nodes[name].protected_by else "ml/keep-me"
+            sim.set(name, protected_by=held)
         sim.set(name, pods_to_move=data.draw(st.sampled_from([0, 0, 1, 3])))
         episode = sim.episodes.get(name)
         if episode is not None and episode.phase is Phase.ACTING:
@@ -138,6 +141,10 @@ def _check(
         # (a) excluded and do-not-disrupt nodes get nothing.
         if obs is not None and obs.exists:
             assert not (obs.excluded or obs.do_not_disrupt), (name, decisions)
+        # (b) no rung starts under a pod's do-not-disrupt.
+        if obs is not None and obs.protected_by:
+            started = before is None or before.phase is Phase.QUARANTINED
+            assert not (started and DISRUPTIVE & {d.kind for d in decisions}), decisions
         # (c) an open breaker allows nothing disruptive.
         if plan.breaker.open:
             assert not DISRUPTIVE & {d.kind for d in decisions}, decisions

@@ -378,7 +378,7 @@ class Controller:
             wanted = (reconciler.wanted() | silent.keys()) & self._nodes.keys()
             nodes = {name: self._nodes[name] for name in wanted}
             observations = {
-                name: self._with_pods(self._read(self._observed[name], silent.get(name)))
+                name: self._with_pods(self._read(self._observed[name], silent.get(name)), now)
                 for name in wanted
             }
             population = {pool: n for pool, n in reconciler.population.items() if n}
@@ -429,19 +429,24 @@ class Controller:
                 self.applier.events.about_node(node, "EpisodeUnreadable", note, self.clock.now())
         self._held_told = set(stored.held)
 
-    def _with_pods(self, observed: NodeObservation) -> NodeObservation:
-        """What the pod watch says of the node's drain, or of the work a deferred repair
-        waits for (counted for a node about to open its episode too, so that the repair
-        never starts under running work)."""
+    def _with_pods(self, observed: NodeObservation, now: float) -> NodeObservation:
+        """What the pod watch says of the node's drain, or, before a rung starts, of the
+        work a deferred repair waits for and of a pod that asks not to be disrupted
+        (counted for a node about to open its episode too, so that no rung starts under
+        them)."""
         episode = self.reconciler.episodes.get(observed.name)
         if episode is not None and episode.phase is Phase.DRAINING:
             moving = self.pods.to_move(observed.name, episode.gpus)
             return dataclasses.replace(observed, pods_to_move=moving)
-        waiting = episode is None or episode.phase is Phase.QUARANTINED
-        if waiting and deferred_repair(observed):
+        if episode is not None and episode.phase is not Phase.QUARANTINED:
+            return observed
+        protected_by = self.pods.protected_by(observed.name, now)
+        if deferred_repair(observed):
             running = self.pods.on_gpus(observed.name, named_gpus(observed))
-            return dataclasses.replace(observed, pods_on_gpus=running)
-        return observed
+            return dataclasses.replace(observed, pods_on_gpus=running, protected_by=protected_by)
+        return (
+            dataclasses.replace(observed, protected_by=protected_by) if protected_by else observed
+        )
 
     def collect_closed(self, now: float) -> int:
         """Delete NodeRemediations of episodes closed more than ``keep_closed_s`` ago, so

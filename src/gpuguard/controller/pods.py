@@ -11,20 +11,25 @@ import threading
 from collections import defaultdict
 from collections.abc import Collection
 
-from gpuguard.contract.keys import GPU_IDS_ANNOTATION
+from gpuguard.contract.keys import DO_NOT_DISRUPT, GPU_IDS_ANNOTATION
 from gpuguard.kube import drain
+from gpuguard.kube.do_not_disrupt import protects
 from gpuguard.kube.rest import Json, WatchEvent
 from gpuguard.kube.watch import Snapshot
 
-_KEPT_ANNOTATIONS = (drain.MIRROR_ANNOTATION, GPU_IDS_ANNOTATION)
+_KEPT_ANNOTATIONS = (drain.MIRROR_ANNOTATION, GPU_IDS_ANNOTATION, DO_NOT_DISRUPT)
 
 
 def slim_pod(pod: Json) -> Json:
-    """What the drain rules read of a pod: owners, the two annotations, deletion, the
-    containers' GPU resources and the phase."""
+    """What the drain rules read of a pod: owners, the kept annotations, deletion, the
+    containers' GPU resources, the phase and the start (a timed do-not-disrupt)."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = metadata.get("annotations") or {}
+    full_status = pod.get("status") or {}
+    status: Json = {"phase": full_status.get("phase", "")}
+    if "startTime" in full_status:
+        status["startTime"] = full_status["startTime"]
     kept: Json = {
         "name": metadata.get("name", ""),
         "namespace": metadata.get("namespace", ""),
@@ -44,7 +49,7 @@ def slim_pod(pod: Json) -> Json:
             "containers": _resources(spec.get("containers")),
             "initContainers": _resources(spec.get("initContainers")),
         },
-        "status": {"phase": (pod.get("status") or {}).get("phase", "")},
+        "status": status,
     }
 
 
@@ -54,11 +59,16 @@ def _resources(containers: object) -> list[Json]:
     return [{"resources": c.get("resources") or {}} for c in containers if isinstance(c, dict)]
 
 
-def _counted_as(pod: Json) -> tuple[bool, bool, str | None]:
+def _counted_as(pod: Json) -> tuple[bool, bool, str | None, str | None]:
     """What the counts read of a pod: whether a drain moves it, whether it asks for GPUs,
-    and the GPUs it names."""
+    the GPUs it names and its do-not-disrupt."""
     annotations = pod["metadata"]["annotations"]
-    return drain.is_movable(pod), drain.requests_gpus(pod), annotations.get(GPU_IDS_ANNOTATION)
+    return (
+        drain.is_movable(pod),
+        drain.requests_gpus(pod),
+        annotations.get(GPU_IDS_ANNOTATION),
+        annotations.get(DO_NOT_DISRUPT),
+    )
 
 
 class PodCache:
@@ -97,6 +107,15 @@ class PodCache:
         """The pods still running on ``gpus`` of ``node`` (every GPU pod when none named)."""
         with self._lock:
             return drain.gpu_pods_on(self._by_node.get(node, {}).values(), gpus)
+
+    def protected_by(self, node: str, now: float) -> str:
+        """The first pod on ``node`` whose ``karpenter.sh/do-not-disrupt`` holds at ``now``,
+        as namespace/name ("": none)."""
+        with self._lock:
+            for pod in self._by_node.get(node, {}).values():
+                if protects(pod, now):
+                    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        return ""
 
     def _put(self, pod: Json) -> str | None:
         node = pod["spec"]["nodeName"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from gpuguard.contract.keys import DO_NOT_DISRUPT
 from gpuguard.contract.remediation import MAX_MESSAGE
 from gpuguard.contract.verify import VerifyAnswer, request_id, requested_time
 from gpuguard.contract.wire import cut
@@ -328,18 +329,19 @@ class PlanBuilder:
             # rung of ours would be cut short by it (or a REPLACE done twice).
             owner = ", ".join(f"{kind}=False" for kind in node.repair_conditions)
             message = f"{why}; left to Karpenter's node repair ({owner}): quarantined only"
-            repeated = bool(episode.steps) and episode.steps[-1].message == message
-            self.note(node.name, f"held: Karpenter's node repair owns it ({owner})")
-            self.settle(episode, message, changed=not repeated)
+            self.hold(episode, node, message, f"Karpenter's node repair owns it ({owner})")
+            return
+        if node.protected_by:
+            # Karpenter's contract for the pod: no voluntary disruption while it holds.
+            held = f"pod {node.protected_by} carries {DO_NOT_DISRUPT}"
+            self.hold(episode, node, f"{why}; no rung while {held}", held)
             return
         shared = self.shared.get(node.name, {})
         node = own_faults(node, shared)
         if shared and not false_layers(node):
             held = "; ".join(shared[layer] for layer in sorted(shared))
-            self.note(node.name, f"held: {held}")
             message = f"{why}; held until the domain recovers or a person acts: {held}"
-            repeated = bool(episode.steps) and episode.steps[-1].message == message
-            self.settle(episode, message, changed=not repeated)
+            self.hold(episode, node, message, held)
             return
         choice = choose_rung(episode, node, self.history, self.policy, self.now)
         if choice.rung is None:
@@ -354,6 +356,12 @@ class PlanBuilder:
             self.settle(episode, f"{why}; {choice.rung} waits: {blocker}", changed=False)
             return
         self.start(episode, node, choice.rung, f"{why}; {choice.why}")
+
+    def hold(self, episode: Episode, node: NodeObservation, message: str, held: str) -> None:
+        """Quarantined, no rung, for a reason outside the ladder: a step when it changes."""
+        self.note(node.name, f"held: {held}")
+        repeated = bool(episode.steps) and episode.steps[-1].message == message
+        self.settle(episode, message, changed=not repeated)
 
     def settle(self, episode: Episode, message: str, *, changed: bool) -> None:
         """Back to (or stay in) QUARANTINED, taint kept; a step only when that changes."""

@@ -44,6 +44,9 @@ class NodeObservation:
     uid: str = ""  # the Node's metadata.uid ("": not known)
     # Conditions False that Karpenter's node repair replaces a node for (the EKS names).
     repair_conditions: tuple[str, ...] = ()
+    # A pod on the node whose karpenter.sh/do-not-disrupt holds (namespace/name; ""
+    # none): no rung starts while it runs. Counted only before a rung starts.
+    protected_by: str = ""
 
 
 @dataclass(frozen=True)
