@@ -1,6 +1,7 @@
 """REPLACE through the real Karpenter: gpuguard deletes the sick node's NodeClaim once,
 Karpenter drains and terminates it and launches a replacement, and the training Job
-(examples/jobs/job.yaml) resumes on the new node and completes, its failures uncounted.
+(examples/jobs/job.yaml) resumes on the new node and completes, its failures uncounted,
+and the episode closes Replaced naming the new node.
 
 A control plane of its own: Karpenter's real NodeClaim CRD would clash with the shared API
 server's stand-in, and the node lifecycle controller Karpenter needs would mark the other
@@ -124,6 +125,16 @@ def test_replace_hands_the_node_to_karpenter_once_and_the_job_resumes_on_its_rep
             ),
             120,
             "the episode closed Replaced once the old Node is gone",
+        )
+        wait_for(
+            lambda: (
+                api.get(NODE_REMEDIATIONS.path(episode["metadata"]["name"]))["status"].get(
+                    "replacement"
+                )
+                == replacement
+            ),
+            30,
+            "the episode naming the node that replaced the sick one",
         )
         claims = nodeclaims(api)
         assert [c["status"].get("nodeName") for c in claims] == [replacement]

@@ -66,6 +66,8 @@ def full_episode(node: str) -> Episode:
         exhausted=False,
         closed_at=None,
         resolution=None,
+        machine="gpu/p5.48xlarge",
+        replacement="gpu-replacement",  # never both in life; the round trip keeps each
         steps=[
             Step(at=T0, phase=Phase.QUARANTINED, message="XID_79 on 0000:91:00.0: tainted"),
             Step(at=now - 62, phase=Phase.DRAINING, message="cordoned; evicting 3 pods"),

@@ -14,6 +14,8 @@ MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"  # the agent's kernel memory
 VERIFY_REQUEST_ANNOTATION = "gpuguard.io/verify-requested"  # the controller's request id
 CORDONED_BY_US_ANNOTATION = "gpuguard.io/cordoned"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"  # Karpenter's; honoured, never written
+NODEPOOL_LABEL = "karpenter.sh/nodepool"  # Karpenter's: the NodePool that launched the node
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 # On a Pod: the GPUs it was given, when known.
 GPU_IDS_ANNOTATION = "gpuguard.io/gpu-ids"

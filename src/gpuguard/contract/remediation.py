@@ -185,6 +185,18 @@ class Status(Wire):
     )
     closed_at: Time | None = None
     resolution: Resolution | None = None
+    machine: str | None = Field(
+        default=None,
+        max_length=2 * MAX_NODE_NAME + 1,
+        description="For REPLACE: the replaced node's Karpenter NodePool and instance type "
+        "(<nodepool>/<instance type>), recorded when the rung started.",
+    )
+    replacement: str | None = Field(
+        default=None,
+        max_length=MAX_NODE_NAME,
+        description="For an episode closed Replaced: the Node that took over (the first of "
+        "the same NodePool and instance type to register after the REPLACE began).",
+    )
     last_message: Message | None = Field(
         default=None, description="The latest step's message, for display."
     )

@@ -127,10 +127,7 @@ class Applier:
     ) -> None:
         if decision.kind is Kind.RECORD:
             if episode is not None:
-                name = object_name(episode.node, episode.opened_at)
-                known = "" if new else self.versions.get(name, "")
-                version = save_episode(self.api, episode, new=new, resource_version=known)
-                self.note_version(name, version)
+                self._save(episode, new)
                 self.events.record(episode, decision, now)
             return
         if self.dry_run:
@@ -178,6 +175,22 @@ class Applier:
                     self._annotate(decision.node, decision.request)
             case Kind.CLEAR_VERIFY:
                 self._annotate(decision.node, None)
+
+    def save(self, episode: Episode) -> bool:
+        """Write a change to an episode outside a pass's decisions; False if it failed
+        (fenced, a conflict, the API down): the caller tries again later."""
+        try:
+            self._save(episode, new=False)
+        except KubeError as exc:
+            log.warning("saving the episode of %s failed: %s", episode.node, exc)
+            return False
+        return True
+
+    def _save(self, episode: Episode, new: bool) -> None:
+        name = object_name(episode.node, episode.opened_at)
+        known = "" if new else self.versions.get(name, "")
+        version = save_episode(self.api, episode, new=new, resource_version=known)
+        self.note_version(name, version)
 
     def _annotate(self, node: str, verify_request: str | None) -> None:
         """Set (or remove) the verify request: a merge patch of that one annotation, so a

@@ -31,6 +31,7 @@ from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.observe import project_node
 from gpuguard.controller.pods import PodCache, slim_pod
 from gpuguard.controller.providers import provider_for
+from gpuguard.controller.replacements import Replacements
 from gpuguard.controller.silence import Silence
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
 from gpuguard.kube.errors import KubeError, KubeFenced
@@ -108,6 +109,7 @@ class Controller:
             dry_run=dry_run,
         )
         self.reconciler = Reconciler(policy)
+        self.replacements = Replacements(self.applier)
         self.pods = PodCache()
         self._nodes: dict[str, Json] = {}
         self._observed: dict[str, NodeObservation] = {}
@@ -372,6 +374,7 @@ class Controller:
             reconciler.load(stored.open, stored.closed, self.breakers.state, held=stored.held)
             self._report_unreadable(stored)
             reconciler.history.forget_before(now - self.policy.history_s)
+            self.replacements.reload(reconciler.history, now)
         with self._lock:
             silent, next_silence = self.silence.silent(self._observed, now)
             # Only nodes that can need a decision; the population sizes budgets and breaker.
@@ -391,6 +394,11 @@ class Controller:
             population=population,
         )
         self.breakers.save(done.plan.breaker)
+        self.replacements.take(done.plan, now)
+        if self.replacements.awaiting:
+            with self._lock:
+                registered = list(self._observed.values())
+            self.replacements.name(reconciler.history, registered, now)
         self.deadline = min(done.deadline, next_silence)
         if self.applier.evictions_blocked:  # a budget frees up with no event we watch
             self.applier.evictions_blocked = False

@@ -17,11 +17,14 @@ from gpuguard.contract.keys import (
     CORDONED_BY_US_ANNOTATION,
     DO_NOT_DISRUPT,
     EXCLUDE_LABEL,
+    INSTANCE_TYPE_LABEL,
+    NODEPOOL_LABEL,
     REPORT_ANNOTATION,
     TAINT_KEY,
     VERIFY_REQUEST_ANNOTATION,
 )
 from gpuguard.contract.report import ReportDocument, decode_report, read_layers, reported_at
+from gpuguard.contract.times import parse_time
 from gpuguard.contract.verify import VerifyAnswer, read_request
 from gpuguard.remediation.health import as_policy_reads
 from gpuguard.remediation.model import NodeObservation
@@ -55,6 +58,8 @@ def project_node(
         verify=answer,
         domain=str(labels.get(domain_label, "")) if domain_label else "",
         uid=str(metadata.get("uid", "")),
+        machine=_machine(labels),
+        registered_at=_time(metadata.get("creationTimestamp")),
         repair_conditions=tuple(
             sorted(
                 str(c["type"])
@@ -63,6 +68,18 @@ def project_node(
             )
         ),
     )
+
+
+def _machine(labels: Mapping[str, Any]) -> str:
+    pool, kind = labels.get(NODEPOOL_LABEL), labels.get(INSTANCE_TYPE_LABEL)
+    return f"{pool}/{kind}" if pool and kind else ""
+
+
+def _time(text: object) -> float | None:
+    try:
+        return parse_time(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
 
 
 def _report(text: object, name: str) -> tuple[ReportDocument | None, VerifyAnswer | None]:

@@ -84,6 +84,8 @@ def episode_from_object(obj: Json) -> Episode:
         resolution=status.resolution,
         steps=[Step(at=step.at, phase=step.phase, message=step.message) for step in status.steps],
         node_uid=spec.node_uid or "",
+        machine=status.machine or "",
+        replacement=status.replacement or "",
     )
 
 
@@ -317,6 +319,8 @@ def _status(ep: Episode) -> wire.Status:
         exhausted=ep.exhausted,
         closed_at=ep.closed_at,
         resolution=ep.resolution,
+        machine=ep.machine or None,
+        replacement=ep.replacement or None,
         last_message=steps[-1].message if steps else None,
         steps=tuple(wire.Step(at=s.at, phase=s.phase, message=s.message) for s in steps),
         result=_wire_result(result) if result is not None else None,

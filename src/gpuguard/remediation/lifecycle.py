@@ -386,6 +386,8 @@ class PlanBuilder:
         episode.last_action_at = self.now
         episode.action_result = None  # a new attempt has no answer yet
         episode.gpus = named_gpus(node) if rung <= Action.RESET_GPU else ()
+        if rung is Action.REPLACE:
+            episode.machine = node.machine
         label, gpus, attempt = _label(episode), episode.gpus, episode.attempt
         where = ", ".join(gpus) or "every GPU"
         if rung is Action.KILL_JOB:

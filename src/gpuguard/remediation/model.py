@@ -47,6 +47,10 @@ class NodeObservation:
     # A pod on the node whose karpenter.sh/do-not-disrupt holds (namespace/name; ""
     # none): no rung starts while it runs. Counted only before a rung starts.
     protected_by: str = ""
+    # The kind of machine, "<NodePool>/<instance type>" of a node Karpenter launched (""
+    # otherwise), and when its Node registered: how a replacement is recognised.
+    machine: str = ""
+    registered_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,10 @@ class Episode:
     # The Node's uid when the episode opened ("": not known, an older episode): another
     # machine registered under the same name closes the episode instead of inheriting it.
     node_uid: str = ""
+    # For REPLACE: the replaced node's ``machine`` (recorded when the rung starts), and the
+    # Node found to have taken over from it once the episode closed Replaced.
+    machine: str = ""
+    replacement: str = ""
 
     @property
     def attempt(self) -> int:
