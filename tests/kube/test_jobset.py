@@ -154,6 +154,11 @@ def test_replace_restarts_the_gang_on_healthy_nodes_and_the_replacement_uncharge
             60,
             "the episode closed Replaced",
         )
+        wait_for(
+            lambda: status_of(api, sick).get("replacement") == replacement,
+            30,
+            "the episode naming the node that took over",
+        )
         writes = gpuguard_writes(cluster, user, resource="nodeclaims")
         assert [(w.verb, w.succeeded) for w in writes] == [("delete", True)]  # once
         uncharged_restarts(jobset_status(api, namespace, name))
