@@ -3,12 +3,13 @@ check in the ``none`` baseline, and job success counted per job, per GPU-hour an
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gpuguard.sim.agent_view import AgentView, kernel_line
 from gpuguard.sim.engine import Engine
 from gpuguard.sim.faults import HOUR, Effect, Fault, Fix, Signal
-from gpuguard.sim.jobs import Job, JobState
+from gpuguard.sim.jobs import Job, JobState, _cdf, _draw
 from gpuguard.sim.policies import NoPolicy, device_plugin_marks
 from gpuguard.sim.results import size_class, summarise
 from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
@@ -123,3 +124,14 @@ def test_gang_scheduling_keeps_the_quota_of_a_restarting_job():
 )
 def test_size_classes_cover_every_job_size(gpus, label):
     assert size_class(gpus) == label
+
+
+def test_the_job_size_draw_is_numpys_choice_from_the_same_stream():
+    # The generator draws sizes without Generator.choice (it re-checks p on every call);
+    # the same seed must still give the same workload, draw for draw.
+    p = np.array([0.55, 0.25, 0.12, 0.05, 0.03])
+    ours, numpys = np.random.default_rng([7, 1]), np.random.default_rng([7, 1])
+    cdf = _cdf(p)
+    drawn = [(_draw(ours, cdf), ours.uniform(0.0, 1.0)) for _ in range(5_000)]
+    assert drawn == [(int(numpys.choice(len(p), p=p)), numpys.uniform(0.0, 1.0)) for _ in drawn]
+    assert {size for size, _ in drawn} == set(range(len(p)))

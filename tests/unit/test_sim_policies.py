@@ -48,6 +48,15 @@ def test_the_failure_stream_does_not_depend_on_the_policy():
     assert all(r.faults > 0 for r in results.values())
 
 
+def test_a_policy_run_does_not_depend_on_the_runs_before_it():
+    # Every policy starts from its own copy of the seed's workload: a job one run finished
+    # or failed must be unstarted in the next.
+    scenario = _scenario()
+    together = simulate(scenario).results
+    alone = simulate(scenario, policies=("gpuguard",)).results
+    assert together["gpuguard"].to_dict() == alone["gpuguard"].to_dict()
+
+
 def test_one_policy_setting_changes_the_outcome_through_the_real_policy():
     scenario = _scenario(days=30, fleet={"nodes": 256})
     default = simulate(scenario, Policy(), policies=("gpuguard",)).results["gpuguard"]

@@ -140,11 +140,35 @@ class AgentView:
     def __init__(self) -> None:
         self._cache: dict[NodeSignals, Verdict] = {}
         self._deep: dict[tuple[DeepFinding, ...], DeepRun] = {}
+        # The periodic checks' results by what they read: a set of signals differs from
+        # one seen before mostly in its kernel lines, and NVML's verdict is the costly one.
+        self._checked: dict[tuple[tuple[Signal, int], ...], tuple[CheckResult, CheckResult]] = {}
 
     def verdict(self, signals: NodeSignals) -> Verdict:
         cached = self._cache.get(signals)
         if cached is None:
-            cached = self._cache[signals] = _classify(signals)
+            cached = self._cache[signals] = self._classify(signals)
+        return cached
+
+    def _classify(self, signals: NodeSignals) -> Verdict:
+        deep = [self.deep_run(signals.deep).result] if signals.deep else []
+        kernel = classify_log("\n".join(signals.kernel))
+        gpu, network = self._checked_results(signals.checked)
+        results = [*deep, CheckResult("kernel-log", Layer.KERNEL, Outcome.OK, kernel), gpu, network]
+        report = assess(results, fail_closed=True)
+        layers = layer_reports(report, PROFILE)
+        assert set(layers) == {str(layer) for layer in PROFILES[PROFILE]}
+        return Verdict({name: as_policy_reads(layer) for name, layer in layers.items()})
+
+    def _checked_results(
+        self, checked: tuple[tuple[Signal, int], ...]
+    ) -> tuple[CheckResult, CheckResult]:
+        """NVML's and the RDMA ports' results (read, never changed, by ``assess``)."""
+        cached = self._checked.get(checked)
+        if cached is None:
+            ports = evaluate_ports(_ports(checked), GPUS, LINK_GBPS, "sysfs")
+            network = CheckResult("network", Layer.NETWORK, Outcome.OK, ports)
+            cached = self._checked[checked] = (_gpu_result(checked), network)
         return cached
 
     def deep_run(self, measured: tuple[DeepFinding, ...]) -> DeepRun:
@@ -166,27 +190,6 @@ class AgentView:
     def kernel_events(self, lines: Iterable[str]) -> int:
         """How many kernel events a node-problem-detector-style rule would match."""
         return len(scan("\n".join(lines)))
-
-
-def _classify(signals: NodeSignals) -> Verdict:
-    deep = [_deep_result(signals.deep)] if signals.deep else []
-    results = [
-        *deep,
-        CheckResult(
-            "kernel-log", Layer.KERNEL, Outcome.OK, classify_log("\n".join(signals.kernel))
-        ),
-        _gpu_result(signals.checked),
-        CheckResult(
-            "network",
-            Layer.NETWORK,
-            Outcome.OK,
-            evaluate_ports(_ports(signals.checked), GPUS, LINK_GBPS, "sysfs"),
-        ),
-    ]
-    report = assess(results, fail_closed=True)
-    layers = layer_reports(report, PROFILE)
-    assert set(layers) == {str(layer) for layer in PROFILES[PROFILE]}
-    return Verdict({name: as_policy_reads(layer) for name, layer in layers.items()})
 
 
 def _gpu_result(checked: tuple[tuple[Signal, int], ...]) -> CheckResult:

@@ -48,10 +48,18 @@ class Slot:
     schedulable: bool = False
     in_service: bool = False
     incidents: list[int] = field(default_factory=list)  # disabling faults not yet repaired
+    # The Node's name, kept rather than formatted: the policy reads it at every step.
+    name: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return f"gpu-node-{self.index:05d}" + (f"-r{self.generation}" if self.generation else "")
+    def __post_init__(self) -> None:
+        self.name = _node_name(self.index, self.generation)
+
+    def refill(self, machine: int) -> None:
+        """Another machine takes the slot: a new Node, under a new name."""
+        self.machine = machine
+        self.generation += 1
+        self.original = False
+        self.name = _node_name(self.index, self.generation)
 
     def speed(self) -> float:
         pace = 1.0
@@ -61,6 +69,10 @@ class Slot:
             if fault.effect is Effect.SLOW:
                 pace = min(pace, fault.slowdown)
         return pace
+
+
+def _node_name(index: int, generation: int) -> str:
+    return f"gpu-node-{index:05d}" + (f"-r{generation}" if generation else "")
 
 
 class Fleet:
@@ -242,9 +254,7 @@ class Fleet:
             self.next_machine += 1
         now = self._events.now
         self._books.account(now)
-        slot.machine = machine
-        slot.generation += 1
-        slot.original = False
+        slot.refill(machine)
         self._books.occupied += 1
         self.refresh(slot)
         self._books.account(now)

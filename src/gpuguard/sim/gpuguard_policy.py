@@ -25,6 +25,7 @@ from gpuguard.remediation.model import (
 )
 from gpuguard.remediation.policy import Policy
 from gpuguard.remediation.reconciler import Reconciler
+from gpuguard.sim.agent_view import Verdict
 from gpuguard.sim.deep_suite import DeepSuite
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import GPU_BUS
@@ -45,8 +46,11 @@ class GpuguardPolicy:
         self.reconciler = Reconciler(self.policy)
         self.reconciler.stale = False  # a new fleet: no episodes to read
         self.reconciler.population.update(slot.pool for slot in engine.slots)
-        healthy = engine.view.verdict(engine.signals(engine.slots[0])).layers
-        self.layers = {slot.index: dict(healthy) for slot in engine.slots}
+        healthy = engine.view.verdict(engine.signals(engine.slots[0]))
+        self.layers = {slot.index: dict(healthy.layers) for slot in engine.slots}
+        # The verdict each node's layers were last taken from: the same verdict again (the
+        # view returns one object per set of signals) leaves them as they are.
+        self.verdicts: dict[int, Verdict] = dict.fromkeys(self.layers, healthy)
         self.reported: dict[int, float] = {}
         self.by_name = {slot.name: slot.index for slot in engine.slots}
         self.ours: set[int] = set()  # cordoned by us
@@ -61,6 +65,17 @@ class GpuguardPolicy:
         engine = self.engine
         now = engine.now
         verdict = engine.view.verdict(engine.signals(slot))
+        changed = verdict is not self.verdicts[slot.index] and self._take(slot, verdict, now)
+        self.reported[slot.index] = now
+        if not verdict.healthy:
+            engine.detected(slot)
+        if changed or slot.name in self.reconciler.attention:
+            self._mark(slot)
+            self._decide_at(now)
+
+    def _take(self, slot: Slot, verdict: Verdict, now: float) -> bool:
+        """The node's layers from a new verdict, each ``since`` moved only where its status
+        changed; True when any layer reads differently."""
         old = self.layers[slot.index]
         new: dict[str, LayerReport] = {}
         changed = False
@@ -73,12 +88,8 @@ class GpuguardPolicy:
             new[name] = dataclasses.replace(report, since=since)
             changed = changed or new[name] != previous
         self.layers[slot.index] = new
-        self.reported[slot.index] = now
-        if not verdict.healthy:
-            engine.detected(slot)
-        if changed or slot.name in self.reconciler.attention:
-            self._mark(slot)
-            self._decide_at(now)
+        self.verdicts[slot.index] = verdict
+        return changed
 
     def action_done(self, slot: Slot, what: str, succeeded: bool) -> None:
         engine = self.engine
@@ -93,10 +104,11 @@ class GpuguardPolicy:
     def node_replaced(self, slot: Slot) -> None:
         now = self.engine.now
         self.by_name[slot.name] = slot.index
+        verdict = self.engine.view.verdict(self.engine.signals(slot))
         self.layers[slot.index] = {
-            name: dataclasses.replace(layer, since=now)
-            for name, layer in self.engine.view.verdict(self.engine.signals(slot)).layers.items()
+            name: dataclasses.replace(layer, since=now) for name, layer in verdict.layers.items()
         }
+        self.verdicts[slot.index] = verdict
         self.reported[slot.index] = now
         self.ours.discard(slot.index)
         self.deep.node_replaced(slot)
@@ -137,7 +149,8 @@ class GpuguardPolicy:
                 continue
             slot = slots[index]
             if slot.machine is None or slot.name != name:
-                continue  # the Node is gone
+                self.reconciler.attend(name, None)  # the Node is gone, for good
+                continue
             observations[name] = self._observation(slot, now)
         return observations
 

@@ -7,6 +7,7 @@ last one. A synchronous job runs at the pace of its slowest node (zero while one
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -26,7 +27,7 @@ class JobState(StrEnum):
     FAILED = "failed"
 
 
-@dataclass
+@dataclass(slots=True)  # hundreds of thousands in a long run: no per-job dict
 class Job:
     id: int
     nodes: int
@@ -72,6 +73,10 @@ class Job:
         """Wall time of the last checkpoint of the current stretch at or before ``t``."""
         return self.segment_start + math.floor((t - self.segment_start) / interval_s) * interval_s
 
+    def unstarted(self) -> Job:
+        """The same job before the run: each policy's run starts from its own copy."""
+        return Job(id=self.id, nodes=self.nodes, work_h=self.work_h, arrival=self.arrival)
+
 
 def generate_jobs(scenario: Scenario, rng: np.random.Generator) -> list[Job]:
     """The run's jobs in arrival order: enough at the start to fill the target share of
@@ -86,8 +91,8 @@ def generate_jobs(scenario: Scenario, rng: np.random.Generator) -> list[Job]:
     wanted = jobs_config.utilisation * scenario.fleet.nodes
     jobs: list[Job] = []
 
-    def new_job(at: float, chances: np.ndarray, left: float = 1.0) -> None:
-        size = mix[int(rng.choice(len(mix), p=chances))]
+    def new_job(at: float, chances: list[float], left: float = 1.0) -> None:
+        size = mix[_draw(rng, chances)]
         low, high = size.hours
         work = math.exp(rng.uniform(math.log(low), math.log(high))) if high > low else low
         jobs.append(Job(id=len(jobs), nodes=size.nodes, work_h=work * left, arrival=at))
@@ -95,22 +100,37 @@ def generate_jobs(scenario: Scenario, rng: np.random.Generator) -> list[Job]:
     # At the start the fleet is already busy as in steady state: each size holds its share
     # of the nodes, each job part-way through its work.
     busy = np.array([s.share / s.nodes for s in mix])
-    busy = busy / busy.sum()
+    busy_cdf = _cdf(busy / busy.sum())
     asked = 0
     while asked < wanted and wanted > 0:
-        new_job(0.0, busy, left=float(rng.uniform(0.05, 1.0)))
+        new_job(0.0, busy_cdf, left=float(rng.uniform(0.05, 1.0)))
         asked += jobs[-1].nodes
     if asked > wanted and len(jobs) > 1:
         asked -= jobs.pop().nodes
     per_hour = wanted / mean_node_hours if mean_node_hours > 0 else 0.0
     t = 0.0
     horizon = scenario.days * DAY
+    arrival_cdf = _cdf(probabilities)
     while per_hour > 0:
         t += rng.exponential(HOUR / per_hour)
         if t >= horizon:
             break
-        new_job(t, probabilities)
+        new_job(t, arrival_cdf)
     return jobs
+
+
+def _cdf(probabilities: np.ndarray) -> list[float]:
+    """The cumulative distribution ``Generator.choice`` builds from ``p`` on every call."""
+    cdf = probabilities.cumsum()
+    cdf /= cdf[-1]
+    return [float(c) for c in cdf]
+
+
+def _draw(rng: np.random.Generator, cdf: list[float]) -> int:
+    """``rng.choice(len(cdf), p=...)`` as numpy draws it (one ``random()``, then the first
+    bin past it), the same number from the same stream without re-checking ``p`` each
+    time: the generator draws hundreds of thousands of jobs in a long run."""
+    return bisect.bisect_right(cdf, rng.random())
 
 
 def _size_probabilities(mix: tuple[JobSize, ...]) -> np.ndarray:

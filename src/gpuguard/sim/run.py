@@ -88,9 +88,10 @@ def _one_seed(
 ) -> dict[str, PolicyResult]:
     rng = np.random.default_rng([scenario.seed, 0])
     faults = trace.faults(scenario, rng) if trace is not None else generate_faults(scenario, rng)
+    workload = generate_jobs(scenario, np.random.default_rng([scenario.seed, 1]))
     results = {}
     for name in policies:
-        jobs = generate_jobs(scenario, np.random.default_rng([scenario.seed, 1]))
+        jobs = [job.unstarted() for job in workload]
         driver = _driver(name, policy)
         label = f"{name} s{scenario.seed}"
         report = (lambda f, n=label: progress(n, f)) if progress is not None else None
