@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# make demo: the fleet simulator on the default scenario (no remediation, a reactive setup
-# and gpuguard on the same failures), then the example nodes: a healthy node passes and
+# make demo: the fleet simulator on the default scenario and on the public StepFun fault
+# trace (no remediation, a reactive setup and gpuguard on the same failures), then the example nodes: a healthy node passes and
 # broken ones are caught. Fails if a verdict is not the one the example was made to show.
 set -u
 gpuguard="$1"
 expect=(--expected-gpus 1 --expected-nics 3 --expected-link-gbps 400)
 status=0
 
-echo "=== A month of a 256-node GPU fleet, three ways (gpuguard simulate)"
-echo "\$ gpuguard simulate --html out/simulation.html"
-"$gpuguard" simulate --html out/simulation.html || status=1
+echo "=== A month of a 256-node GPU fleet, and a real year's faults, three ways (gpuguard simulate)"
+echo "\$ gpuguard simulate --trace infinitehbd --html out/simulation.html"
+"$gpuguard" simulate --trace infinitehbd --html out/simulation.html || status=1
 
 show() {
   local bundle="$1" want="$2" description="$3"

@@ -35,7 +35,7 @@ from tests.support.jobset import (
     running_gang,
     training_jobset,
 )
-from tests.support.jobsystem import JobSystem, end_pod
+from tests.support.jobsystem import end_pod
 from tests.support.karpenter import KarpenterCluster, node_gone, nodeclaims
 
 NODE_LAUNCH_S = 120  # Karpenter launching nodes for a pending gang, KWOK starting its pods
@@ -48,8 +48,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with ControlPlane(workdir, controlplane.testenv_bin(), audit=True) as plane:
         # Karpenter's own repair never acts here (no test reports its conditions): only
         # gpuguard's REPLACE takes a node.
-        karpenter = KarpenterCluster(plane, workdir, repair_toleration="1h")
-        karpenter.system = JobSystem(plane, workdir, JOBSET_CONTROLLERS)  # + the collector
+        karpenter = KarpenterCluster(
+            plane, workdir, repair_toleration="1h", controllers=JOBSET_CONTROLLERS
+        )
         jobsets = JobSetController(plane, workdir)
         try:
             with load_api(plane.admin_kubeconfig) as api:

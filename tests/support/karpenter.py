@@ -94,11 +94,19 @@ class KarpenterCluster:
     """``start`` brings up the Job system (the controllers above, kube-scheduler, KWOK) and
     Karpenter, installs gpuguard's CRD, Karpenter's from its module and a GPU NodePool."""
 
-    def __init__(self, plane: ControlPlane, workdir: Path, *, repair_toleration: str) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        workdir: Path,
+        *,
+        repair_toleration: str,
+        controllers: tuple[str, ...] = CONTROLLERS,
+    ) -> None:
+        """``controllers``: kube-controller-manager's, at least ``CONTROLLERS``."""
         self.plane = plane
         self.workdir = workdir
         self.repair_toleration = repair_toleration
-        self.system = JobSystem(plane, workdir, CONTROLLERS)
+        self.system = JobSystem(plane, workdir, controllers)
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, api: KubeApi, namespaces: tuple[str, ...] = ()) -> None:
