@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from gpuguard.kube.rest import KubeApi, load_api  # noqa: E402
 from tests.support.cluster import set_health, stamp, wait_for  # noqa: E402
-from tests.support.controllers import Running, new_controller  # noqa: E402
+from tests.support.controllers import Running, new_controller, only_rung  # noqa: E402
 from tests.support.controlplane import ControlPlane, testenv_bin  # noqa: E402
 from tests.support.jobsystem import create_job, running_pod, training_job  # noqa: E402
 from tests.support.karpenter import KarpenterCluster, node_gone  # noqa: E402
@@ -51,7 +51,7 @@ def scenario(api: KubeApi, name: str) -> dict[str, float]:
     running = None
     before = {n["metadata"]["name"] for n in api.list("/api/v1/nodes").items}
     if name == "gpuguard":
-        attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 0, "REPLACE": 1}
+        attempts = only_rung("REPLACE")
         running = Running(new_controller(api, "gpuguard", "karpenter", max_attempts=attempts).run)
     start = time.monotonic()
     if name == "gpuguard":

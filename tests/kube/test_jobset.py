@@ -23,7 +23,7 @@ from gpuguard.kube.rest import Json, KubeApi, load_api
 from tests.support import controlplane
 from tests.support.audit import AuditLog, Write, evictions
 from tests.support.cluster import set_health, wait_for
-from tests.support.controllers import Running, new_controller, status_of, tainted
+from tests.support.controllers import Running, new_controller, only_rung, status_of, tainted
 from tests.support.controlplane import ControlPlane
 from tests.support.jobset import (
     JOBSET_CONTROLLERS,
@@ -137,7 +137,7 @@ def test_replace_restarts_the_gang_on_healthy_nodes_and_the_replacement_uncharge
     sick = sorted(before)[0]
     set_health(api, sick)  # the agent's first report: healthy
     # Only REPLACE is left on the ladder: drain, then the NodeClaim to Karpenter.
-    attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 0, "REPLACE": 1}
+    attempts = only_rung("REPLACE")
     controller = new_controller(gpuguard, "gpuguard", "karpenter", max_attempts=attempts)
     running = Running(controller.run)
     try:
@@ -179,7 +179,7 @@ def test_kill_job_restarts_the_gang_off_the_quarantined_node_uncharged(
     name, size, first = start_gang(api, namespace)
     sick = sorted(nodes_of(first))[0]
     set_health(api, sick)
-    attempts = {"KILL_JOB": 1, "RESET_GPU": 0, "REBOOT": 0, "REPLACE": 0}
+    attempts = only_rung("KILL_JOB")
     controller = new_controller(gpuguard, "gpuguard", "karpenter", max_attempts=attempts)
     running = Running(controller.run)
     try:

@@ -27,7 +27,7 @@ from gpuguard.remediation.model import ActionResult
 from tests.support import controlplane
 from tests.support.audit import AuditLog
 from tests.support.cluster import set_health, stamp, wait_for
-from tests.support.controllers import Running, new_controller, remediations, tainted
+from tests.support.controllers import Running, new_controller, only_rung, remediations, tainted
 from tests.support.controlplane import ControlPlane
 from tests.support.jobsystem import (
     create_job,
@@ -102,7 +102,7 @@ def test_replace_hands_the_node_to_karpenter_once_and_the_job_resumes_on_its_rep
     sick = node_of(first)
     set_health(api, sick)  # the agent's first report: healthy
     # Only REPLACE is left on the ladder, so the fault goes straight to Karpenter.
-    attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 0, "REPLACE": 1}
+    attempts = only_rung("REPLACE")
     controller = new_controller(gpuguard, "gpuguard", "karpenter", max_attempts=attempts)
     running = Running(controller.run)
     try:
@@ -234,7 +234,7 @@ def test_a_reboot_longer_than_karpenters_toleration_is_not_cut_short(
     rebooting, other = (node_of(p) for p in running_jobs(api, 2))
     claim = claim_of(api, rebooting)["metadata"]["name"]
     set_health(api, rebooting)
-    attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 1, "REPLACE": 0}
+    attempts = only_rung("REBOOT")
     controller = new_controller(
         gpuguard, "gpuguard", "karpenter", max_attempts=attempts, action_timeout_s=600
     )
@@ -295,7 +295,7 @@ def test_a_pod_that_asks_not_to_be_disrupted_holds_the_replacement_until_it_ends
     (pod,) = running_jobs(api, 1, **{"karpenter.sh/do-not-disrupt": "true"})
     sick = node_of(pod)
     set_health(api, sick)
-    attempts = {"KILL_JOB": 0, "RESET_GPU": 0, "REBOOT": 0, "REPLACE": 1}
+    attempts = only_rung("REPLACE")
     controller = new_controller(gpuguard, "gpuguard", "karpenter", max_attempts=attempts)
     running = Running(controller.run)
     try:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,6 +85,18 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str = 
             return last
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what or predicate}: last {last!r}")
+
+
+def serving(proc: subprocess.Popen[bytes] | None, url: str, log: Path) -> bool:
+    """Whether the process's readiness endpoint ``url`` answers 200; raises, naming its
+    ``log``, once the process has exited."""
+    if proc is not None and proc.poll() is not None:
+        raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}; see {log}")
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def stamp(offset_s: float = 0.0) -> str:

@@ -53,6 +53,11 @@ class Running:
         assert not self.thread.is_alive(), "the controller did not stop within 15 s"
 
 
+def only_rung(rung: str) -> dict[str, int]:
+    """A ``max_attempts`` policy leaving one attempt of ``rung`` and nothing else."""
+    return {name: int(name == rung) for name in ("KILL_JOB", "RESET_GPU", "REBOOT", "REPLACE")}
+
+
 def new_controller(
     api: KubeApi,
     namespace: str,

@@ -9,15 +9,13 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpuguard.kube.rest import Json, KubeApi
-from tests.support.cluster import install_crd, wait_for
+from tests.support.cluster import install_crd, serving, wait_for
 from tests.support.controlplane import START_TIMEOUT_S, ControlPlane, free_port, terminate
 from tests.support.jobsystem import example, released_crd
 from tests.support.karpenter import CONTROLLERS
@@ -60,9 +58,8 @@ class JobSetController:
                 start_new_session=True,
             )
         # Ready once its webhook server serves: only then may the API server call it.
-        wait_for(
-            lambda: self._ready(f"http://127.0.0.1:{health}/readyz"), START_TIMEOUT_S, "JobSet"
-        )
+        ready = f"http://127.0.0.1:{health}/readyz"
+        wait_for(lambda: serving(self._proc, ready, self.log), START_TIMEOUT_S, "JobSet ready")
         # Their failurePolicy is Fail: from here on a JobSet or its pod exists only if the
         # webhooks answered.
         for hook in self._webhooks(webhook):
@@ -106,15 +103,6 @@ class JobSetController:
                 hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
             hooks.append(config)
         return hooks
-
-    def _ready(self, url: str) -> bool:
-        if self._proc is not None and self._proc.poll() is not None:
-            raise RuntimeError(f"the JobSet controller exited; see {self.log}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                return bool(answer.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
 
 
 def _replace(document: Json, op: dict[str, Any]) -> None:

@@ -12,14 +12,12 @@ import json
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import yaml
 
 from gpuguard.kube.rest import KubeApi, KubeNotFound
-from tests.support.cluster import install_crd, install_gpuguard_crd, wait_for
+from tests.support.cluster import install_crd, install_gpuguard_crd, serving, wait_for
 from tests.support.controlplane import START_TIMEOUT_S, ControlPlane, free_port, terminate
 from tests.support.jobsystem import JobSystem
 
@@ -142,7 +140,9 @@ class KarpenterCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._wait_ready(f"http://127.0.0.1:{health}/readyz")
+        log = self.workdir / "karpenter.log"
+        ready = f"http://127.0.0.1:{health}/readyz"
+        wait_for(lambda: serving(self._proc, ready, log), START_TIMEOUT_S, "Karpenter ready")
         api.create(
             "/apis/karpenter.kwok.sh/v1alpha1/kwoknodeclasses",
             {
@@ -156,18 +156,6 @@ class KarpenterCluster:
     def stop(self) -> None:
         terminate(self._proc)
         self.system.stop()
-
-    def _wait_ready(self, url: str) -> None:
-        def ready() -> bool:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise RuntimeError(f"karpenter exited; see {self.workdir / 'karpenter.log'}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as answer:
-                    return answer.status == 200
-            except (urllib.error.URLError, OSError):
-                return False
-
-        wait_for(ready, START_TIMEOUT_S, "Karpenter ready")
 
 
 def node_gone(api: KubeApi, name: str) -> bool:
