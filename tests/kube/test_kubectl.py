@@ -1,5 +1,5 @@
 """A person with the real kubectl beside gpuguard: what `kubectl get noderemediations`
-shows, and what gpuguard does with a cordon or an uncordon it did not make."""
+shows, and what gpuguard does with a cordon, a drain or an uncordon it did not make."""
 
 from __future__ import annotations
 
@@ -62,6 +62,30 @@ def test_a_cordon_by_a_person_outlives_gpuguards_episode(api, kubectl, start_con
     wait_for(lambda: status_of(api, name).get("phase") == "Closed", what="the episode closed")
     wait_for(lambda: not tainted(api, name), what="gpuguard's taint lifted")
     assert unschedulable(api, name)  # the person's cordon stays
+
+
+def test_a_drain_by_a_person_during_quarantine_is_left_to_them(
+    api, namespace, kubectl, start_controller
+):
+    """`kubectl drain` of a node gpuguard holds quarantined (its fault within tolerance):
+    the person's cordon and evictions go through, gpuguard starts no rung of its own for
+    it, and when the node recovers only gpuguard's taint comes off."""
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    make_pod(api, namespace, "training", name, labels={"app": "training"})
+    set_health(api, name, gpu="False", action="REBOOT", codes=("XID_48",))
+    start_controller(tolerance_s=300)
+    wait_for(lambda: tainted(api, name) and remediations(api, name), what="quarantined")
+    # A bare pod needs --force; grace 0 because no kubelet here would end it.
+    kubectl("drain", name, "--force", "--grace-period=0", "--ignore-daemonsets", "--timeout=60s")
+    assert unschedulable(api, name)
+    assert not api.list(f"/api/v1/namespaces/{namespace}/pods").items  # evicted by them
+    assert status_of(api, name).get("phase") == "Quarantined"
+    assert status_of(api, name).get("rung") is None
+    set_health(api, name)
+    wait_for(lambda: status_of(api, name).get("phase") == "Closed", what="the episode closed")
+    wait_for(lambda: not tainted(api, name), what="gpuguard's taint lifted")
+    assert unschedulable(api, name)  # the person's drain keeps its cordon
 
 
 def test_an_uncordon_by_a_person_during_a_reboot_drain_is_reasserted(
