@@ -220,10 +220,12 @@ def targets(simulation: Simulation) -> list[str]:
         shown = _cell(interval, metric)
         lines.append(f"- {label} {shown} % vs {_pct(target)}: {verdict}")
         if verdict == "not settled":
-            lines.append(
-                "  The interval spans the target: more seeds (--seeds) narrow it; the"
-                " figures below are what would have to change to clear it."
+            why = (
+                "One seed gives no interval: run more (--seeds, --trace-seeds)"
+                if seeds < 2
+                else "The interval spans the target: more seeds (--seeds) narrow it"
             )
+            lines.append(f"  {why}; the figures below are what would have to change to clear it.")
         if verdict == "met":
             continue
         if metric.endswith("availability") and per_node_day:
