@@ -84,3 +84,33 @@ def test_progress_hears_the_share_of_the_run_reached():
         queue.at(t, lambda: None)
     queue.run(100.0, shares.append)
     assert shares == [0.1, 0.5, 0.99]
+
+
+def test_events_scheduled_at_each_run_as_if_scheduled_one_by_one():
+    # Ties between them, with events scheduled before and during the run, and an item due
+    # in the past: the same order either way.
+    items = [(2.0, "a"), (1.0, "b"), (2.0, "c"), (-1.0, "past"), (1.0, "d"), (3.0, "e")]
+
+    def run(one_by_one: bool) -> list[tuple[float, str]]:
+        queue, ran, note = _recording()
+
+        def arrive(item: tuple[float, str]) -> None:
+            note(item[1])
+            queue.at(queue.now, note, f"after {item[1]}")
+
+        queue.at(1.0, note, "scheduled before")
+        if one_by_one:
+            for item in items:
+                queue.at(item[0], arrive, item)
+        else:
+            queue.at_each(arrive, items, lambda item: item[0])
+        queue.at(2.0, note, "scheduled after")
+        queue.run(10.0)
+        return ran
+
+    assert run(one_by_one=False) == run(one_by_one=True)
+    assert run(one_by_one=False)[:3] == [
+        (0.0, "past"),
+        (0.0, "after past"),
+        (1.0, "scheduled before"),
+    ]

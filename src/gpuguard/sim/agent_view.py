@@ -140,6 +140,7 @@ class AgentView:
     def __init__(self) -> None:
         self._cache: dict[NodeSignals, Verdict] = {}
         self._deep: dict[tuple[DeepFinding, ...], DeepRun] = {}
+        self._flagged: dict[tuple[DeepFinding, ...], frozenset[int]] = {}
         # The periodic checks' results by what they read: a set of signals differs from
         # one seen before mostly in its kernel lines, and NVML's verdict is the costly one.
         self._checked: dict[tuple[tuple[Signal, int], ...], tuple[CheckResult, CheckResult]] = {}
@@ -180,12 +181,15 @@ class AgentView:
 
     def deep_flagged(self, measured: tuple[DeepFinding, ...]) -> frozenset[int]:
         """The GPUs the judge names in a finding above INFO."""
-        findings = self.deep_run(measured).result.findings
-        return frozenset(
-            _GPU_INDEX[f.component.id]
-            for f in findings
-            if f.severity > Severity.INFO and f.component.id in _GPU_INDEX
-        )
+        flagged = self._flagged.get(measured)
+        if flagged is None:
+            findings = self.deep_run(measured).result.findings
+            flagged = self._flagged[measured] = frozenset(
+                _GPU_INDEX[f.component.id]
+                for f in findings
+                if f.severity > Severity.INFO and f.component.id in _GPU_INDEX
+            )
+        return flagged
 
     def kernel_events(self, lines: Iterable[str]) -> int:
         """How many kernel events a node-problem-detector-style rule would match."""

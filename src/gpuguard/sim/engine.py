@@ -81,10 +81,8 @@ class Engine:
         return self.events.now
 
     def run(self) -> None:
-        for fault in self.faults:
-            self.at(fault.start, self.fault_process.start, fault)
-        for job in self.jobs:
-            self.at(job.arrival, self.scheduler.arrive, job)
+        self.events.at_each(self.fault_process.start, self.faults, lambda fault: fault.start)
+        self.events.at_each(self.scheduler.arrive, self.jobs, lambda job: job.arrival)
         self.events.run(self.horizon, self.progress)
         self.books.account(self.horizon)
         self.scheduler.close_books(self.jobs, self.horizon)

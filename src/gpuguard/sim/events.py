@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 # (time, order, action, args): a plain tuple, so that the heap compares entries without
 # calling into Python code and schedules them without allocating anything else (the
 # engine schedules hundreds of thousands). ``order`` breaks ties between events due at
 # the same time: first scheduled, first run. The entry is also the handle to cancel by.
 Event: TypeAlias = tuple[float, int, Callable[..., None], tuple[Any, ...]]
+T = TypeVar("T")
 
 
 class EventQueue:
@@ -33,6 +34,34 @@ class EventQueue:
         event = (max(t, self.now), next(self._order), action, args)
         heapq.heappush(self._heap, event)
         return event
+
+    def at_each(
+        self, action: Callable[[T], None], items: Sequence[T], when: Callable[[T], float]
+    ) -> None:
+        """``at(when(item), action, item)`` for every item in turn, the same order among
+        equal times, but each joins the heap only when the one before it (in time) runs:
+        a run's whole failure stream and workload known up front (a million events for a
+        large fleet) would otherwise sit in the heap, in memory and in every push and pop."""
+        if not items:
+            return
+        first = next(self._order)
+        self._order = itertools.count(first + len(items))  # their places, reserved
+        now = self.now
+        times = [max(when(item), now) for item in items]
+        ranked = sorted(range(len(items)), key=times.__getitem__)  # stable: ties in order
+        stream = ((times[i], first + i, action, (items[i],)) for i in ranked)
+        self._next_from(stream)
+
+    def _next_from(self, stream: Iterator[Event]) -> None:
+        """Queue the stream's next event; when it runs, the one after it is queued first."""
+        event = next(stream, None)
+        if event is not None:
+            t, order, action, args = event
+            heapq.heappush(self._heap, (t, order, self._stream_step, (stream, action, args)))
+
+    def _stream_step(self, stream: Iterator[Event], action: Callable[..., None], args: Any) -> None:
+        self._next_from(stream)
+        action(*args)
 
     def cancel(self, event: Event) -> None:
         """Keep a scheduled event from running; one that has run is left as it was."""

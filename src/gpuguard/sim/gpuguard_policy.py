@@ -53,6 +53,8 @@ class GpuguardPolicy:
         self.verdicts: dict[int, Verdict] = dict.fromkeys(self.layers, healthy)
         self.reported: dict[int, float] = {}
         self.by_name = {slot.name: slot.index for slot in engine.slots}
+        per_rack = engine.scenario.fleet.nodes_per_rack
+        self.domains = [f"rack-{slot.index // per_rack}" for slot in engine.slots]
         self.ours: set[int] = set()  # cordoned by us
         self.started: set[tuple[str, float, str, int]] = set()  # (node, episode, what, attempt)
         self.false_counted: set[tuple[str, float]] = set()
@@ -172,7 +174,7 @@ class GpuguardPolicy:
             pods_on_gpus=int(slot.job is not None),
             verify_request=self.deep.requests.get(index),
             verify=self.deep.answers.get(index),
-            domain=f"rack-{index // self.engine.scenario.fleet.nodes_per_rack}",
+            domain=self.domains[index],
         )
 
     def apply(self, plan: Plan, opened: Collection[str]) -> set[str]:
