@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test lint typecheck unit bench clean
+.PHONY: venv demo test lint typecheck unit bench clean image
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuguard needs Python 3.11 or newer")'
@@ -32,6 +32,22 @@ unit: venv
 	@hack/pytest.sh $(BIN)/python
 
 test: lint typecheck unit
+
+# The image the chart runs, built from the Dockerfile with buildah (no Docker engine needed).
+# IMAGE_BASE replaces the Dockerfile's FROM (a local image, never pulled), as the tests do
+# with hack/node-env's Debian base; the host's CA bundle is mounted for the build only, for
+# pip behind a TLS-inspecting proxy. BUILDAH may carry storage options (--root ...).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= gpuguard/gpuguard:$(VERSION)
+IMAGE_BASE ?=
+BUILDAH ?= buildah
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+
+image:
+	$(BUILDAH) build --isolation chroot --network host --layers=false \
+	  $(if $(IMAGE_BASE),--from $(IMAGE_BASE) --pull=never) \
+	  $(if $(wildcard $(CA_BUNDLE)),--volume $(CA_BUNDLE):/etc/ssl/certs/ca-certificates.crt:ro) \
+	  --tag $(IMAGE) --file Dockerfile .
 
 # The chart's CRD, generated from the wire model (tests/unit/test_contract_crd.py checks it).
 .PHONY: crds
