@@ -184,7 +184,8 @@ def test_service_and_optional_servicemonitor(helm):
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert not [o for o in objects if o["kind"] == "ServiceMonitor"]
 
-    monitor = one(render(helm, "serviceMonitor.enabled=true"), "ServiceMonitor")
+    # One per component: tests/kube/test_prometheus_rules.py checks both.
+    monitor = one(render(helm, "serviceMonitor.enabled=true"), "ServiceMonitor", "gpuguard")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert (

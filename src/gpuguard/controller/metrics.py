@@ -25,6 +25,14 @@ class ControllerMetrics(Probes):
             ["phase"],
             registry=self.registry,
         )
+        # One series per open episode (so bounded by the nodes under repair): its rung for
+        # the dashboards, and the time in its phase for the stuck-episode alert.
+        self.phase_since = Gauge(
+            "gpuguard_controller_episode_phase_since_timestamp_seconds",
+            "When each open episode entered its current phase (rung NONE: none chosen yet)",
+            ["node", "phase", "rung"],
+            registry=self.registry,
+        )
         self.actions = Counter(
             "gpuguard_controller_actions_total",
             "Decisions applied, by kind and result",
@@ -97,6 +105,10 @@ class ControllerMetrics(Probes):
         for phase in Phase:
             if phase is not Phase.CLOSED:
                 self.nodes_by_phase.labels(str(phase)).set(phases.get(phase, 0))
+        self.phase_since.clear()
+        for episode in open_episodes:
+            rung = str(episode.rung) if episode.rung is not None else "NONE"
+            self.phase_since.labels(episode.node, str(episode.phase), rung).set(episode.phase_since)
         active = Tally(pools.get(e.node, "") for e in open_episodes if _active(e))
         self.budget_in_use.clear()
         for pool, count in active.items():
