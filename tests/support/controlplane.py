@@ -142,11 +142,17 @@ def _builder(
 class ControlPlane:
     """etcd + kube-apiserver under a temporary directory; ``stop`` always cleans up.
 
-    ``audit``: log every write (level Request, JSON lines) to ``audit_log``."""
+    ``audit``: log every write (level Request, JSON lines) to ``audit_log``.
+    ``service_accounts``: the ServiceAccount admission plugin on, so a kubelet mounts each
+    pod's token (with :meth:`publish_root_ca` for the CA beside it); off by default, as
+    the pods of the other tests have no kubelet and their accounts may not exist."""
 
-    def __init__(self, workdir: Path, bin_dir: Path, *, audit: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, bin_dir: Path, *, audit: bool = False, service_accounts: bool = False
+    ) -> None:
         self.workdir = workdir
         self.audit_log = workdir / "audit.log" if audit else None
+        self.service_accounts = service_accounts
         self.bin = bin_dir
         self.certs = Certificates(workdir / "pki")
         self.etcd_port = free_port()
@@ -208,7 +214,7 @@ class ControlPlane:
                 "--authorization-mode=RBAC",
                 "--allow-privileged=true",  # as kubeadm, EKS, GKE and AKS run it
                 "--service-cluster-ip-range=10.0.0.0/24",
-                "--disable-admission-plugins=ServiceAccount",
+                *([] if self.service_accounts else ["--disable-admission-plugins=ServiceAccount"]),
                 "--enable-priority-and-fairness=false",
                 "--v=1",
             ],
@@ -333,6 +339,20 @@ class ControlPlane:
                     raise
                 time.sleep(0.5)
         raise AssertionError("unreachable")
+
+    def publish_root_ca(self, namespace: str) -> None:
+        """The ``kube-root-ca.crt`` ConfigMap that kube-controller-manager's root-CA
+        publisher would write into ``namespace``: a pod's token volume mounts it."""
+        self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "kube-root-ca.crt"},
+                "data": {"ca.crt": self.certs.path("ca.crt").read_text()},
+            },
+        )
 
     def service_account_token(self, namespace: str, name: str, bound_pod: str | None = None) -> str:
         """A token for a ServiceAccount (bound to a Pod, and so to its node, if given)."""
