@@ -100,7 +100,7 @@ The NodeRemediation status fields the controller owns: every property of status 
 crds/noderemediations.yaml except result, the agent's (the chart test checks they agree).
 */}}
 {{- define "gpuguard.remediationControllerStatusFields" -}}
-[phase, rung, attempt, attempts, phaseSince, lastActionAt, gpus, cordonedByUs, exhausted, closedAt, resolution, lastMessage, steps, request]
+[phase, rung, attempt, attempts, phaseSince, lastActionAt, gpus, cordonedByUs, exhausted, closedAt, resolution, machine, replacement, lastMessage, steps, request]
 {{- end }}
 
 {{/*
