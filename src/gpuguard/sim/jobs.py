@@ -73,9 +73,31 @@ class Job:
         """Wall time of the last checkpoint of the current stretch at or before ``t``."""
         return self.segment_start + math.floor((t - self.segment_start) / interval_s) * interval_s
 
-    def unstarted(self) -> Job:
-        """The same job before the run: each policy's run starts from its own copy."""
-        return Job(id=self.id, nodes=self.nodes, work_h=self.work_h, arrival=self.arrival)
+
+@dataclass(frozen=True)
+class Workload:
+    """A seed's jobs before the run, as arrays (a large run has about a million): each
+    policy's run starts from Jobs of its own, built from these."""
+
+    nodes: np.ndarray
+    work_h: np.ndarray
+    arrival: np.ndarray
+
+    @classmethod
+    def of(cls, jobs: list[Job]) -> Workload:
+        return cls(
+            np.array([job.nodes for job in jobs], dtype=np.int64),
+            np.array([job.work_h for job in jobs], dtype=np.float64),
+            np.array([job.arrival for job in jobs], dtype=np.float64),
+        )
+
+    def jobs(self) -> list[Job]:
+        """The jobs, unstarted, in arrival order (ids as generated)."""
+        columns = zip(self.nodes.tolist(), self.work_h.tolist(), self.arrival.tolist(), strict=True)
+        return [
+            Job(id=i, nodes=nodes, work_h=work, arrival=at)
+            for i, (nodes, work, at) in enumerate(columns)
+        ]
 
 
 def generate_jobs(scenario: Scenario, rng: np.random.Generator) -> list[Job]:

@@ -11,9 +11,9 @@ import numpy as np
 from gpuguard.remediation.policy import Policy, build_policy, load_policy
 from gpuguard.sim.agent_view import AgentView
 from gpuguard.sim.engine import Driver, Engine
-from gpuguard.sim.faults import generate_faults
+from gpuguard.sim.faults import Fault, generate_faults
 from gpuguard.sim.gpuguard_policy import GpuguardPolicy
-from gpuguard.sim.jobs import generate_jobs
+from gpuguard.sim.jobs import Workload, generate_jobs
 from gpuguard.sim.policies import NoPolicy, ReactivePolicy
 from gpuguard.sim.results import PolicyResult, summarise
 from gpuguard.sim.scenario import Scenario
@@ -88,17 +88,30 @@ def _one_seed(
 ) -> dict[str, PolicyResult]:
     rng = np.random.default_rng([scenario.seed, 0])
     faults = trace.faults(scenario, rng) if trace is not None else generate_faults(scenario, rng)
-    workload = generate_jobs(scenario, np.random.default_rng([scenario.seed, 1]))
+    workload = Workload.of(generate_jobs(scenario, np.random.default_rng([scenario.seed, 1])))
     results = {}
     for name in policies:
-        jobs = [job.unstarted() for job in workload]
-        driver = _driver(name, policy)
         label = f"{name} s{scenario.seed}"
         report = (lambda f, n=label: progress(n, f)) if progress is not None else None
-        engine = Engine(scenario, faults, jobs, driver, view, seed=scenario.seed, progress=report)
-        engine.run()
-        results[name] = summarise(engine)
+        results[name] = _run(scenario, faults, workload, _driver(name, policy), view, report)
     return results
+
+
+def _run(
+    scenario: Scenario,
+    faults: list[Fault],
+    workload: Workload,
+    driver: Driver,
+    view: AgentView,
+    progress: Callable[[float], None] | None,
+) -> PolicyResult:
+    """One policy's run on its own jobs, which are gone once it is summed up (a large run's
+    jobs take hundreds of MB: two policies' at once would double the peak)."""
+    engine = Engine(
+        scenario, faults, workload.jobs(), driver, view, seed=scenario.seed, progress=progress
+    )
+    engine.run()
+    return summarise(engine)
 
 
 def _driver(name: str, policy: Policy) -> Driver:
