@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from gpuguard import __version__
+from gpuguard import __version__, logs
 from gpuguard.bundle import collect
 from gpuguard.checks.registry import FALLBACKS, default_checks
 from gpuguard.checks.xid_catalog import OVERRIDES, rule_for
@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="read a bundle directory instead of the live node (its kmsg.log is followed)",
     )
+    logs.add_argument(agent)
     agent.add_argument(
         "--print-conditions",
         action="store_true",

@@ -174,6 +174,7 @@ class RealNode:
         terminate(self._containerd)
         self._containerd = None
         self._unmount_all()
+        _remove_cgroups()
 
     def __enter__(self) -> RealNode:
         try:
@@ -330,6 +331,14 @@ class RealNode:
             f"timed out after {READY_TIMEOUT_S}s waiting for {what}; see "
             f"{self.log('kubelet')} and {self.log('containerd')}"
         )
+
+
+def _remove_cgroups() -> None:
+    """The kubelet's kubepods cgroups (v1: one tree per controller), once empty."""
+    for tree in Path("/sys/fs/cgroup").glob("*/kubepods"):
+        for directory in sorted(tree.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
 
 
 def _spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:

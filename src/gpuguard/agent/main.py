@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 
+from gpuguard import logs
 from gpuguard.agent.daemon import Agent
 from gpuguard.agent.kernel_log.followers import Follower, follower_for
 from gpuguard.agent.metrics import AgentMetrics
@@ -27,9 +28,7 @@ log = logging.getLogger("gpuguard.agent")
 
 
 def run_agent(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
-    )
+    logs.configure(args.log_format, **({"node": args.node_name} if args.node_name else {}))
     # The HTTP client logs every request at INFO: a line per condition write, noise here.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+from gpuguard import logs
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.remediation import MAX_ID, Started
 from gpuguard.contract.times import format_time
@@ -242,6 +243,7 @@ class RepairExecutor:
             request.attempt,
             self.node_name,
             ", ".join(request.gpus),
+            extra=logs.about(self.node_name, name),
         )
         if request.action is Action.REBOOT:
             # Answer first: once the reboot starts, this process may not get to write.

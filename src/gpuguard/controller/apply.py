@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from gpuguard import logs
 from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
@@ -115,6 +116,17 @@ class Applier:
             )
             return False
         self.metrics.actions.labels(str(decision.kind), "ok").inc()
+        if decision.kind is not Kind.RECORD:
+            episode = plan.episodes.get(decision.node)
+            name = None if episode is None else object_name(episode.node, episode.opened_at)
+            log.info(
+                "%s%s %s: %s",
+                "dry-run: " if self.dry_run else "",
+                decision.kind,
+                decision.node,
+                decision.reason,
+                extra=logs.about(decision.node, name),
+            )
         return True
 
     def _apply(
@@ -131,8 +143,7 @@ class Applier:
                 self.events.record(episode, decision, now)
             return
         if self.dry_run:
-            log.info("dry-run: would %s %s (%s)", decision.kind, decision.node, decision.reason)
-            return
+            return  # logged as done, "dry-run: " first
         node = nodes.get(decision.node)
         match decision.kind:
             case Kind.TAINT:

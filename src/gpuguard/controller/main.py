@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 import threading
 
+from gpuguard import logs
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.kube.rest import load_api_for_command
@@ -18,9 +18,7 @@ log = logging.getLogger("gpuguard.controller")
 
 
 def run_controller(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
-    )
+    logs.configure(args.log_format)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     policy = Policy() if args.policy is None else load_policy(args.policy)
     api = load_api_for_command(args.kubeconfig)

@@ -7,6 +7,8 @@ import os
 import socket
 from pathlib import Path
 
+from gpuguard import logs
+
 PROVIDER_NAMES = ("delete-node", "karpenter")
 
 
@@ -44,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=9466, metavar="PORT", help="0 disables /metrics"
     )
+    logs.add_argument(parser)
     parser.add_argument(
         "--keep-closed-days",
         type=_positive_days,

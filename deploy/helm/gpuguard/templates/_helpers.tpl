@@ -114,3 +114,29 @@ controller counts in GPU-node availability are the nodes the agent runs on.
 {{- end }}
 {{- join "," $terms }}
 {{- end }}
+
+{{/*
+The API server override (apiServer) as env entries. In-cluster config reads
+KUBERNETES_SERVICE_HOST/PORT; a container's own env wins over the kubelet's Service variables.
+*/}}
+{{- define "gpuguard.apiServerEnv" -}}
+{{- with .Values.apiServer }}
+{{- if or .host .port }}
+{{- if not (and .host .port) }}
+{{- fail "apiServer.host and apiServer.port are set together" }}
+{{- end }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .port | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* hostNetwork and the DNS policy that keeps cluster DNS with it, for a pod spec. */}}
+{{- define "gpuguard.hostNetwork" -}}
+{{- if . }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- end }}
