@@ -350,6 +350,7 @@ def test_metrics_and_probes(control_plane, node, tmp_path):
         assert 'gpuguard_findings{code="XID_79",layer="gpu",severity="critical"} 1.0' in text
         assert 'gpuguard_check_runs_total{check="nvidia-smi",outcome="ok"}' in text
         assert "gpuguard_last_publish_timestamp_seconds" in text
+        assert sample(metrics.registry, "gpuguard_publish_duration_seconds_count") >= 1
     finally:
         running.halt()
         server.shutdown()

@@ -51,6 +51,12 @@ class AgentMetrics(Probes):
             "When conditions were last written",
             registry=self.registry,
         )
+        self.publish_duration = Histogram(
+            "gpuguard_publish_duration_seconds",
+            "Wall time of each condition write to the API server (the Node status patch)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
         self.publish_errors = Counter(
             "gpuguard_publish_errors_total",
             "Failed writes to the API server",

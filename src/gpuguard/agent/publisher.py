@@ -143,7 +143,8 @@ class Publisher:
             heartbeat_due=heartbeat_due,
         )
         if not write.empty:
-            self._write_conditions(write, report)
+            with self._metrics.publish_duration.time():
+                self._write_conditions(write, report)
             if heartbeat_due:
                 published.last_heartbeat = now
             self._metrics.last_publish.set(self._clock.now())
