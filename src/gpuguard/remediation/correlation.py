@@ -59,6 +59,12 @@ def shared_causes(nodes: Mapping[str, NodeObservation], config: Correlation) -> 
     return dict(shared)
 
 
+def has_own_fault(node: NodeObservation, shared: Mapping[str, str]) -> bool:
+    """Does a layer without a shared cause show a fault? (``false_layers(own_faults(...))``
+    without building the node: a held node is asked this on every pass.)"""
+    return any(report.status == FALSE for name, report in node.layers.items() if name not in shared)
+
+
 def own_faults(node: NodeObservation, shared: Mapping[str, str]) -> NodeObservation:
     """The node as its own faults show it: the layers with a shared cause left out."""
     if not shared:

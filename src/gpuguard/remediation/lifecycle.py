@@ -17,12 +17,11 @@ from gpuguard.contract.verify import VerifyAnswer, request_id, requested_time
 from gpuguard.contract.wire import cut
 from gpuguard.model import Action
 from gpuguard.remediation.budget import BudgetLedger
-from gpuguard.remediation.correlation import SharedCauses, own_faults
+from gpuguard.remediation.correlation import SharedCauses, has_own_fault, own_faults
 from gpuguard.remediation.health import (
     deferred_repair,
     deferred_since,
     describe,
-    false_layers,
     is_healthy,
     is_unhealthy,
     named_gpus,
@@ -165,9 +164,10 @@ class PlanBuilder:
 
     def quarantined(self, episode: Episode, node: NodeObservation) -> None:
         now, policy = self.now, self.policy
-        if is_healthy(node, policy, now) and policy.verify.applies_to(episode.rung):
+        healthy = is_healthy(node, policy, now)
+        if healthy and policy.verify.applies_to(episode.rung):
             self.healthy_unverified(episode, node)
-        elif is_healthy(node, policy, now):
+        elif healthy:
             tried = episode.rung is not None
             resolution = Resolution.REPAIRED if tried else Resolution.TRANSIENT
             self.close(episode, resolution, f"healthy for {policy.clear_after_s:g}s", node)
@@ -337,12 +337,12 @@ class PlanBuilder:
             self.hold(episode, node, f"{why}; no rung while {held}", held)
             return
         shared = self.shared.get(node.name, {})
-        node = own_faults(node, shared)
-        if shared and not false_layers(node):
+        if shared and not has_own_fault(node, shared):
             held = "; ".join(shared[layer] for layer in sorted(shared))
             message = f"{why}; held until the domain recovers or a person acts: {held}"
             self.hold(episode, node, message, held)
             return
+        node = own_faults(node, shared)
         choice = choose_rung(episode, node, self.history, self.policy, self.now)
         if choice.rung is None:
             self.note(node.name, choice.why)
