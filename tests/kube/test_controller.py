@@ -27,6 +27,7 @@ from gpuguard.sources import BundleSources
 from tests.support.cluster import (
     make_node,
     make_pod,
+    pod_held_by_a_budget,
     set_health,
     wait_for,
 )
@@ -184,21 +185,7 @@ def test_pdb_that_allows_nothing_blocks_the_drain_and_nothing_is_force_deleted(
 ):
     name = node_name()
     make_node(api, name, labels={POOL: "h100"})
-    make_pod(api, namespace, "guarded", name, labels={"app": "guarded"})
-    # Running (a Pending pod may always be evicted); no kube-controller-manager runs to
-    # compute the budget's status, and the API server refuses evictions until it has one.
-    api.patch(
-        f"/api/v1/namespaces/{namespace}/pods/guarded/status", {"status": {"phase": "Running"}}
-    )
-    api.create(
-        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "none"},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
-        },
-    )
+    pod_held_by_a_budget(api, namespace, name, "guarded")
     set_health(api, name)
     controller = start_controller(drain_timeout_s=3)
     set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))

@@ -21,7 +21,7 @@ from gpuguard.kube.remediations import NODE_REMEDIATIONS
 from gpuguard.kube.rest import KubeApi
 from tests.support.cluster import (
     make_node,
-    make_pod,
+    pod_held_by_a_budget,
     set_health,
     wait_for,
 )
@@ -94,20 +94,7 @@ def test_controller_killed_between_drain_and_action_finishes_the_episode_once(
 ):
     node = f"gpu-{uuid.uuid4().hex[:8]}"
     make_node(api, node, labels={"karpenter.sh/nodepool": "h100"})
-    make_pod(api, namespace, "training", node, labels={"app": "training"})
-    api.patch(
-        f"/api/v1/namespaces/{namespace}/pods/training/status", {"status": {"phase": "Running"}}
-    )
-    # A budget without status: the API server refuses every eviction, so the drain waits.
-    api.create(
-        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "hold"},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "training"}}},
-        },
-    )
+    budget = pod_held_by_a_budget(api, namespace, node, "training")  # the drain waits
     repairs = tmp_path / "repairs.log"
     stop = threading.Event()
     executor = RepairExecutor(api, node, BundleRepair(repairs), lambda *_: None)
@@ -119,7 +106,7 @@ def test_controller_killed_between_drain_and_action_finishes_the_episode_once(
         wait_for(lambda: episode(api, node).get("phase") == "Draining", 60, "draining")
         os.kill(first.pid, signal.SIGKILL)  # no clean shutdown, no Lease release
         first.wait(10)
-        api.delete(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/hold")
+        api.delete(budget)
 
         controllers("second")  # takes the Lease once the dead leader's expires
         wait_for(lambda: episode(api, node).get("phase") == "Verifying", 60, "the reboot done")

@@ -9,7 +9,7 @@ from gpuguard.kube.remediations import save_episode
 from gpuguard.kube.rest import KubeApi
 from gpuguard.model import Action
 from gpuguard.remediation.model import Episode, Phase, Step
-from tests.support.cluster import make_node, make_pod, set_health, wait_for
+from tests.support.cluster import make_node, make_pod, pod_held_by_a_budget, set_health, wait_for
 from tests.support.controllers import POOL, node, node_name, remediations, status_of, tainted
 
 Kubectl = Callable[..., str]
@@ -93,18 +93,7 @@ def test_an_uncordon_by_a_person_during_a_reboot_drain_is_reasserted(
 ):
     name = node_name()
     make_node(api, name, labels={POOL: "h100"})
-    make_pod(api, namespace, "training", name, labels={"app": "training"})
-    status = {"status": {"phase": "Running"}}  # as its kubelet would say
-    api.patch(f"/api/v1/namespaces/{namespace}/pods/training/status", status)
-    api.create(  # a budget without status: every eviction is refused, the drain waits
-        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "hold"},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "training"}}},
-        },
-    )
+    pod_held_by_a_budget(api, namespace, name, "training")  # the drain waits
     set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
     start_controller(drain_timeout_s=600)
     wait_for(

@@ -30,10 +30,10 @@ from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.contract.keys import EXCLUDE_LABEL
 from gpuguard.kube.client import NodeApi
-from gpuguard.kube.rest import KubeApi, load_api
+from gpuguard.kube.rest import load_api
 from gpuguard.metrics_server import Served, serve
 from gpuguard.sources import BundleSources, LiveSources
-from tests.support.cluster import make_node, make_pod, set_health, wait_for
+from tests.support.cluster import make_node, pod_held_by_a_budget, set_health, wait_for
 from tests.support.controllers import POOL, Running, append, new_controller, node_name, status_of
 from tests.support.controlplane import REPO, ControlPlane
 from tests.support.metrics import sample
@@ -90,24 +90,6 @@ def agent(plane: ControlPlane, node: str, sources: Any, follow: Path, **settings
     return Agent(config, sources, default_checks(), follower, node, api)
 
 
-def guard_with_a_budget(api: KubeApi, namespace: str, node: str) -> None:
-    """A Running pod on ``node`` that a PodDisruptionBudget refuses to let go (no
-    kube-controller-manager computes its status, so every eviction is refused)."""
-    make_pod(api, namespace, "guarded", node, labels={"app": "guarded"})
-    api.patch(
-        f"/api/v1/namespaces/{namespace}/pods/guarded/status", {"status": {"phase": "Running"}}
-    )
-    api.create(
-        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "guarded"},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
-        },
-    )
-
-
 def every_query(rules: dict[str, Any]) -> dict[str, str]:
     """Name -> PromQL: each rule's expression, and each dashboard panel's queries."""
     queries = {**rules_of(rules, "alert"), **rules_of(rules, "record")}
@@ -149,7 +131,7 @@ def test_every_dashboard_and_rule_query_parses_and_returns_series(
     for name in (draining, clearing, quiet):
         make_node(api, name, labels=GPU_NODE)
         set_health(api, name)
-    guard_with_a_budget(api, namespace, draining)
+    pod_held_by_a_budget(api, namespace, draining, "guarded")
     controller = new_controller(
         api,
         namespace,
