@@ -30,6 +30,9 @@ log = logging.getLogger("gpuguard.controller")
 # Concurrent API writes per reconcile: nodes in parallel, each node's steps in order.
 PARALLELISM = 16
 Kind = DecisionKind
+# Re-sent on every pass until done (idempotent): logged at DEBUG, or a pass would log them
+# all again; the step and Event of the phase change that began them say it once.
+RESENT = frozenset({Kind.EVICT_PODS, Kind.REQUEST_ACTION, Kind.REQUEST_VERIFY, Kind.REPLACE})
 
 
 class Applier:
@@ -119,7 +122,8 @@ class Applier:
         if decision.kind is not Kind.RECORD:
             episode = plan.episodes.get(decision.node)
             name = None if episode is None else object_name(episode.node, episode.opened_at)
-            log.info(
+            log.log(
+                logging.DEBUG if decision.kind in RESENT else logging.INFO,
                 "%s%s %s: %s",
                 "dry-run: " if self.dry_run else "",
                 decision.kind,
