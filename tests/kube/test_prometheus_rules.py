@@ -19,11 +19,11 @@ from tests.conftest import DATA
 from tests.support.cluster import install_crd, scratch_namespace
 from tests.support.controlplane import ControlPlane
 from tests.support.prometheus import (
-    CHART,
     chart_rules,
     operator_crds,
     prometheus_bin,
     promtool,
+    rendered,
     rules_of,
 )
 
@@ -174,20 +174,8 @@ def monitoring_crds(api: KubeApi, bin_dir: Path) -> None:
 
 
 def monitoring_objects(helm: Callable[..., str], namespace: str, *values: str) -> list[Any]:
-    settings = [
-        "serviceMonitor.enabled=true",
-        "prometheusRule.enabled=true",
-        *values,
-    ]
-    out = helm(
-        "template",
-        "gpuguard",
-        str(CHART),
-        "--namespace",
-        namespace,
-        *[arg for value in settings for arg in ("--set", value)],
-    )
-    return [doc for doc in yaml.safe_load_all(out) if doc and doc["kind"] in KINDS]
+    settings = ("serviceMonitor.enabled=true", "prometheusRule.enabled=true", *values)
+    return [doc for doc in rendered(helm, *settings, namespace=namespace) if doc["kind"] in KINDS]
 
 
 def test_monitors_and_rules_validate_against_the_operator_crds(

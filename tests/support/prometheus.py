@@ -43,20 +43,21 @@ def operator_crds(bin_dir: Path) -> list[dict[str, Any]]:
     return [yaml.safe_load(path.read_text()) for path in sorted((bin_dir / "crds").glob("*.yaml"))]
 
 
+def rendered(
+    helm: Helm, *settings: str, namespace: str = "gpuguard", template: str = ""
+) -> list[dict[str, Any]]:
+    """The chart's objects as ``helm template`` renders them with ``settings`` (each a
+    ``--set``), only ``template``'s if named."""
+    only = ("-s", template) if template else ()
+    sets = [arg for value in settings for arg in ("--set", value)]
+    out = helm("template", "gpuguard", str(CHART), "--namespace", namespace, *only, *sets)
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
 def chart_rules(helm: Helm, *settings: str, namespace: str = "gpuguard") -> dict[str, Any]:
     """The rendered PrometheusRule's spec: a Prometheus rule file ({"groups": [...]})."""
-    values = ["prometheusRule.enabled=true", *settings]
-    out = helm(
-        "template",
-        "gpuguard",
-        str(CHART),
-        "--namespace",
-        namespace,
-        "-s",
-        RULES_TEMPLATE,
-        *[arg for value in values for arg in ("--set", value)],
-    )
-    (rule,) = [doc for doc in yaml.safe_load_all(out) if doc]
+    values = ("prometheusRule.enabled=true", *settings)
+    (rule,) = rendered(helm, *values, namespace=namespace, template=RULES_TEMPLATE)
     return dict(rule["spec"])
 
 
