@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 from cryptography import x509
@@ -139,7 +139,29 @@ def _builder(
     )
 
 
-class ControlPlane:
+class Component:
+    """A process (or several) the tests run: started on entering a ``with`` block, a failed
+    start stopping what did start, and stopped on leaving it."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+class ControlPlane(Component):
     """etcd + kube-apiserver under a temporary directory; ``stop`` always cleans up.
 
     ``audit``: log every write (level Request, JSON lines) to ``audit_log``.
@@ -173,18 +195,6 @@ class ControlPlane:
         self.stop_apiserver()
         terminate(self._etcd)
         self._etcd = None
-
-    def __enter__(self) -> ControlPlane:
-        """Started; a failed start stops what did start."""
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
 
     @property
     def apiserver_pid(self) -> int:

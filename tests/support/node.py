@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.controlplane import REPO, ControlPlane, free_port, terminate
+from tests.support.controlplane import REPO, Component, ControlPlane, free_port, terminate
 
 BASE_IMAGE = "localhost/debian-python:3.11-bookworm"  # hack/node-env's python:3.11-slim
 IMAGE_REPOSITORY = "localhost/gpuguard"
@@ -129,7 +129,7 @@ def chart_app_version() -> str:
     return str(chart["appVersion"])
 
 
-class RealNode:
+class RealNode(Component):
     """containerd and the kubelet under ``workdir`` (logs there too), registered with
     ``plane`` as ``name``; ``stop`` ends both and every container they started."""
 
@@ -176,17 +176,6 @@ class RealNode:
         self._containerd = None
         self._unmount_all()
         _remove_cgroups()
-
-    def __enter__(self) -> RealNode:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
 
     def check_running(self) -> None:
         """Raise, naming its log, if containerd or the kubelet has exited."""
