@@ -146,7 +146,9 @@ def test_replace_restarts_the_gang_on_healthy_nodes_and_the_replacement_uncharge
         assert sick not in nodes_of(second)
         (replacement,) = nodes_of(second) - before  # the others are the gang's old nodes
         set_health(api, replacement)  # the new machine's agent: healthy
-        assert replacement in claimed_nodes(api)  # a machine Karpenter launched
+        # A machine Karpenter launched: its NodeClaim names the Node a moment after the Node
+        # registers (the gang may already run on it).
+        wait_for(lambda: replacement in claimed_nodes(api), 30, "the replacement's NodeClaim")
         # Karpenter's termination ends with the NodeClaim, seconds after the Node.
         wait_for(lambda: sick not in claimed_nodes(api), 60, "Karpenter terminating the node")
         assert node_gone(api, sick)
