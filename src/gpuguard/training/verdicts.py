@@ -118,7 +118,7 @@ def parse_verdict(text: str, where: str) -> Verdict:
     if data.get("version") != FORMAT_VERSION:
         raise VerdictError(f"{where}: version {data.get('version')!r}, expected {FORMAT_VERSION}")
     try:
-        kind = VerdictKind(data.get("kind"))
+        kind = VerdictKind(str(data.get("kind")))
     except ValueError:
         kinds = ", ".join(k.value for k in VerdictKind)
         raise VerdictError(f"{where}: kind {data.get('kind')!r} is not one of {kinds}") from None
