@@ -18,7 +18,16 @@ DEFAULT_TIMEOUT_S = 10.0
 DEEP_CHECK_PREFIX = "deep-"
 # The checks settings may name (checks/registry.py lists the same; a test holds them equal),
 # besides the deep checks, which all start with DEEP_CHECK_PREFIX.
-CHECK_NAMES = ("kernel-log", "dcgm", "nvml", "nvidia-smi", "dcgm-exporter", "network")
+CHECK_NAMES = (
+    "kernel-log",
+    "dcgm",
+    "nvml",
+    "nvidia-smi",
+    "dcgm-exporter",
+    "network",
+    "in-job",
+    "load-clocks",
+)
 # The external programs the agent runs, by the name ``tools`` may give a path for.
 TOOL_NAMES = ("nvidia-smi", "dcgmi", "ibstat", "journalctl", "dmesg", "ib_write_bw", "fi_pingpong")
 # A deep check's timeout beyond its budget: importing PyTorch and starting CUDA on every GPU.
@@ -108,6 +117,48 @@ class DeepChecks(BaseModel):
         default_factory=dict,
         description="Per GPU model (its name as the driver reports it): figures that replace"
         " those of the built-in table",
+    )
+
+
+class InJobChecks(BaseModel):
+    """What running jobs report about their own GPUs (``gpuguard.training``'s verdicts)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    directory: Path | None = Field(
+        default=Path("/var/lib/gpuguard/in-job"),
+        description="Agent: where jobs on this node write their verdicts (the chart's"
+        " inJob.hostPath); null: not read",
+    )
+
+
+class LoadClocks(BaseModel):
+    """The passive comparison of busy GPUs with their siblings (check ``load-clocks``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    busy_utilization_percent: float = Field(
+        default=90.0, gt=0, le=100, description="A GPU at least this busy is under load"
+    )
+    tolerance: float = Field(
+        default=0.10,
+        gt=0,
+        lt=1,
+        description="A sample counts against a GPU whose SM clock is this far below the"
+        " median of its busy siblings of the same model",
+    )
+    window_s: float = Field(
+        default=600.0, gt=0, le=86400, description="The samples judged: this long back"
+    )
+    min_samples: int = Field(
+        default=10, ge=2, description="Loaded samples the window needs before any verdict"
+    )
+    share: float = Field(
+        default=0.8,
+        gt=0.5,
+        le=1,
+        description="A finding when at least this share of the window's loaded samples"
+        " counted against the GPU",
     )
 
 
@@ -201,6 +252,12 @@ class Config(BaseModel):
     )
     cross_check: bool = Field(default=False, description="Also read nvidia-smi when NVML answered")
     deep: DeepChecks = Field(default_factory=DeepChecks, description="Active load checks")
+    in_job: InJobChecks = Field(
+        default_factory=InJobChecks, description="Verdicts of the jobs running on the node"
+    )
+    load_clocks: LoadClocks = Field(
+        default_factory=LoadClocks, description="Busy GPUs compared with their siblings"
+    )
 
     # The agent (gpuguard agent).
     condition_profile: Literal["gpuguard", "eks"] = Field(

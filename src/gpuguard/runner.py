@@ -39,6 +39,11 @@ from gpuguard.model import (
 )
 from gpuguard.sources import Sources
 
+# Checks that only add evidence about a layer others diagnose: a job's verdicts and the
+# load-clock comparison see nothing while nothing runs, so their answer never vouches for
+# the layer (a node whose NVML, nvidia-smi and DCGM all fail must not read as healthy).
+SUPPLEMENTARY = frozenset({"in-job", "load-clocks"})
+
 # Time a check gets past its own timeout to notice it and report (its tools are killed
 # at the timeout itself; this margin only matters for checks stuck in-process).
 GRACE_S = 0.5
@@ -88,7 +93,7 @@ def assess(results: Sequence[CheckResult], *, fail_closed: bool) -> NodeReport:
         layers[layer] = assess_layer(
             layer,
             [f for f in findings if f.layer is layer],
-            answered_by=[r.check for r in own if r.answered],
+            answered_by=[r.check for r in own if r.answered and r.check not in SUPPLEMENTARY],
             not_answered=[f"{r.check} ({r.outcome})" for r in own if not r.answered],
             fail_closed=fail_closed,
         )

@@ -58,6 +58,10 @@ class Sources(Protocol):
         """Identifies the current boot: kernel-log findings hold until it changes."""
         ...
 
+    def in_job_root(self) -> Path | None:
+        """Where the jobs' verdicts are (None: not read)."""
+        ...
+
 
 class LiveSources:
     """Runs the node's own tools (found on PATH, or where the config says)."""
@@ -105,6 +109,9 @@ class LiveSources:
 
     def infiniband_root_later(self) -> Path | None:
         return None
+
+    def in_job_root(self) -> Path | None:
+        return self._config.in_job.directory
 
     def boot_id(self) -> str:
         try:
@@ -237,6 +244,9 @@ class BundleSources:
 
     def infiniband_root(self) -> Path:
         return locate_infiniband_copy(self.root / "sysfs")
+
+    def in_job_root(self) -> Path | None:
+        return self.root / "in-job"
 
     def infiniband_root_later(self) -> Path | None:
         later = locate_infiniband_copy(self.root / "sysfs-later")

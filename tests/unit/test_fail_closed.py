@@ -217,6 +217,8 @@ def test_every_missing_gpu_source_is_reported_not_merged(tmp_path, capsys):
     assert main(["check", "--json", "--bundle", str(tmp_path)]) == 2
     gpu = json.loads(capsys.readouterr().out)["layers"]["gpu"]
     assert gpu["status"] == "Unhealthy"
+    # The in-job check answered (no verdict directory in the bundle): it adds evidence, it
+    # never vouches for the layer.
     assert gpu["answered_by"] == []
     sources = sorted(f["source"] for f in gpu["findings"] if f["code"] == "TOOL_MISSING")
-    assert sources == ["dcgm", "dcgm-exporter", "nvidia-smi", "nvml"]
+    assert sources == ["dcgm", "dcgm-exporter", "load-clocks", "nvidia-smi", "nvml"]

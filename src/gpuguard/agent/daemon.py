@@ -28,6 +28,7 @@ from gpuguard.agent.node_state import NodeState
 from gpuguard.agent.orders import Orders
 from gpuguard.agent.publisher import Publisher
 from gpuguard.checks.base import Check, Fallback
+from gpuguard.checks.in_job.verdict_check import forget_verdicts
 from gpuguard.checks.load.checks import DeepGpuCheck
 from gpuguard.checks.registry import FALLBACKS
 from gpuguard.clock import SYSTEM_CLOCK, Clock
@@ -175,6 +176,10 @@ class Agent:
     # --- orders -------------------------------------------------------------------
     def after_repair(self, action: Action, gpus: tuple[str, ...], at: float) -> None:
         """A repair on this node finished: forget what it fixed and look again at once."""
+        named = gpus if action is Action.RESET_GPU else ()
+        forgotten = forget_verdicts(self.sources.in_job_root(), named, at)
+        if forgotten:
+            log.info("%s: forgot %d in-job verdicts it answered", action, forgotten)
         self.orders.after_repair(action, gpus, at)
 
     def request_fresh_report(self) -> None:

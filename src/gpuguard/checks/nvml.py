@@ -326,7 +326,7 @@ class NvmlCheck:
             raise ToolMissing(
                 "NVML reads the live node only; bundles carry nvidia-smi output instead"
             )
-        nvml = self._nvml if self._nvml is not None else _import_pynvml()
+        nvml = self._nvml if self._nvml is not None else import_pynvml()
         findings = evaluate_gpus(
             read_gpu_facts(nvml), ctx.expectations.gpus, "nvml", ctx.config.deep
         )
@@ -349,7 +349,7 @@ def _events_unavailable(reason: str) -> Finding:
     return Finding(Layer.GPU, code, Severity.INFO, Action.NONE, NODE, "nvml-events", message)
 
 
-def _import_pynvml() -> Any:
+def import_pynvml() -> Any:
     try:
         import pynvml
     except ImportError:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from gpuguard.checks.base import Check, Fallback
 from gpuguard.checks.dcgm.check import DcgmCheck, DcgmExporterCheck
+from gpuguard.checks.in_job.load_clocks import LoadClockCheck
+from gpuguard.checks.in_job.verdict_check import InJobCheck
 from gpuguard.checks.kernel_log.check import KernelLogCheck
 from gpuguard.checks.network.check import NetworkCheck
 from gpuguard.checks.nvidia_smi.check import SmiCheck
@@ -27,4 +29,6 @@ def default_checks() -> list[Check]:
         SmiCheck(),
         DcgmExporterCheck(),
         NetworkCheck(),
+        InJobCheck(),
+        LoadClockCheck(),
     ]

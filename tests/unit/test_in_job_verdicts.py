@@ -1,0 +1,128 @@
+"""The agent's reading of the verdicts jobs write (check ``in-job``): what each kind calls
+for, the deferred repair released by the job's checkpoint, and what is never acted on."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from gpuguard.checks.base import CheckContext
+from gpuguard.checks.in_job.verdict_check import InJobCheck, forget_verdicts
+from gpuguard.config import Config
+from gpuguard.model import Action, Layer, Severity, Status, assess_layer
+from gpuguard.runner import run_check
+from gpuguard.sources import BundleSources
+from gpuguard.training.verdicts import Verdict, VerdictKind, read_verdicts, write_verdict
+
+GPU = "00000000:1B:00.0"
+
+
+def verdict(kind: VerdictKind = VerdictKind.FAIL_SLOW, **changes: object) -> Verdict:
+    now = time.time()
+    base = Verdict(
+        kind=kind,
+        job="team-a/llama-70b",
+        rank=5,
+        world_size=16,
+        node="gpu-node-7",
+        gpu=GPU,
+        since=now - 120,
+        written_at=now,
+        ratio=1.17 if kind is not VerdictKind.REPLICA_MISMATCH else 0.0,
+        steps=(400, 460),
+        evidence="compute 0.351 s vs median 0.300 s over 6 windows",
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def findings(bundle: Path, node: str | None = "gpu-node-7"):
+    ctx = CheckContext(BundleSources(bundle), Config(), 5.0)
+    result = run_check(InJobCheck(node=node), ctx)
+    assert result.answered, result.detail
+    return result.findings
+
+
+def in_job(tmp_path: Path) -> Path:
+    directory = tmp_path / "in-job"
+    directory.mkdir()
+    return directory
+
+
+def test_fail_slow_is_a_deferred_replace_of_the_named_gpu(tmp_path):
+    write_verdict(in_job(tmp_path), verdict())
+    (found,) = findings(tmp_path)
+    assert (found.code, found.layer, found.action) == (
+        "IN_JOB_FAIL_SLOW",
+        Layer.GPU,
+        Action.REPLACE,
+    )
+    assert found.deferred and found.severity is Severity.WARNING
+    assert found.component.id == "0000:1b:00.0"
+    assert "rank 5 of 16 of job team-a/llama-70b" in found.message and "1.17x" in found.message
+    assert "steps 400-460" in found.evidence
+    layer = assess_layer(Layer.GPU, [found], ["nvml"], [])
+    assert layer.status is Status.UNHEALTHY and layer.deferred
+
+
+def test_a_checkpoint_after_the_verdict_releases_the_repair(tmp_path):
+    v = verdict()
+    write_verdict(in_job(tmp_path), dataclasses.replace(v, checkpointed_at=v.since + 60))
+    (found,) = findings(tmp_path)
+    assert found.code == "IN_JOB_FAIL_SLOW" and not found.deferred
+    assert found.severity is Severity.CRITICAL and found.action is Action.REPLACE
+    layer = assess_layer(Layer.GPU, [found], ["nvml"], [])
+    assert layer.status is Status.UNHEALTHY and not layer.deferred
+
+
+def test_replica_mismatch_is_repaired_at_once(tmp_path):
+    write_verdict(in_job(tmp_path), verdict(VerdictKind.REPLICA_MISMATCH))
+    (found,) = findings(tmp_path)
+    assert found.code == "IN_JOB_REPLICA_MISMATCH" and not found.deferred
+    assert (found.severity, found.action) == (Severity.CRITICAL, Action.REPLACE)
+
+
+def test_link_slow_is_reported_on_the_network_layer_without_a_repair(tmp_path):
+    write_verdict(in_job(tmp_path), verdict(VerdictKind.LINK_SLOW))
+    (found,) = findings(tmp_path)
+    assert (found.code, found.layer, found.action) == (
+        "IN_JOB_LINK_SLOW",
+        Layer.NETWORK,
+        Action.NONE,
+    )
+    assert "communication 1.17x" in found.message
+
+
+def test_a_lapsed_verdict_is_forgotten(tmp_path):
+    now = time.time()
+    write_verdict(in_job(tmp_path), verdict(written_at=now - 901, since=now - 2000))
+    assert findings(tmp_path) == []
+
+
+def test_a_verdict_about_another_node_or_a_garbled_file_is_reported_never_acted_on(tmp_path):
+    directory = in_job(tmp_path)
+    write_verdict(directory, verdict(node="gpu-node-8"))
+    (directory / "broken.rank0.verdict.json").write_text('{"version": 1, "kind": "fast"}')
+    found = findings(tmp_path)
+    assert [f.code for f in found] == ["IN_JOB_VERDICT_INVALID"] * 2
+    assert all(f.action is Action.NONE and f.severity is Severity.INFO for f in found)
+    messages = " ".join(f.message for f in found)
+    assert "'gpu-node-8', not 'gpu-node-7'" in messages
+    assert "broken.rank0.verdict.json: kind 'fast' is not one of" in messages
+
+
+def test_no_directory_yet_is_an_answer_with_nothing_in_it(tmp_path):
+    assert findings(tmp_path) == []
+
+
+def test_a_repair_forgets_the_verdicts_it_answered_but_not_newer_ones(tmp_path):
+    directory = in_job(tmp_path)
+    repaired_at = time.time()
+    write_verdict(directory, verdict(written_at=repaired_at - 5))
+    other = verdict(rank=6, gpu="00000000:1C:00.0", written_at=repaired_at - 5)
+    write_verdict(directory, other)
+    assert forget_verdicts(directory, ["0000:1b:00.0"], repaired_at) == 1
+    assert [v.rank for v in read_verdicts(directory)[0]] == [6]
+    write_verdict(directory, verdict(written_at=repaired_at + 5))  # refreshed after it
+    assert forget_verdicts(directory, [], repaired_at) == 1  # a node rung: every older one
+    assert [v.rank for v in read_verdicts(directory)[0]] == [5]
