@@ -10,7 +10,6 @@ their CRDs as released.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,19 +23,17 @@ from tests.support.cluster import install_crd, scratch_namespace, set_health, wa
 from tests.support.controllers import Running, new_controller
 from tests.support.jobsystem import (
     JobSystem,
-    create_job,
     end_pod,
     example,
     finished_as,
     job_status,
-    make_kwok_node,
     released_crd,
-    running_pod,
+    resumed,
+    start_on_sick_node,
     training_job,
 )
 from tests.support.metrics import sample
 
-POOL = "karpenter.sh/nodepool"
 ACTIONS, EVICTIONS = "gpuguard_controller_actions_total", "gpuguard_controller_evictions_total"
 
 
@@ -62,38 +59,6 @@ def start_gpuguard(api: KubeApi, jobs: str) -> Iterator[Callable[[], Controller]
     yield start
     for item in running:
         item.halt()
-
-
-# --- the Job and its pods --------------------------------------------------------------
-def resumed(api: KubeApi, namespace: str, job: str, first: Json) -> Json:
-    """The pod that took over from ``first``; fails at once if the Job ended instead."""
-    uid = first["metadata"]["uid"]
-    outcome = wait_for(
-        lambda: running_pod(api, namespace, job, not_uid=uid) or finished_as(api, namespace, job),
-        60,
-        "the job's pod running again",
-    )
-    assert isinstance(outcome, dict), f"the job ended instead: {job_status(api, namespace, job)}"
-    return outcome
-
-
-def node_names() -> tuple[str, str, str]:
-    """Names for a sick node, a healthy node, and the pool only this test's nodes are in."""
-    tag = uuid.uuid4().hex[:6]
-    return f"kwok-sick-{tag}", f"kwok-healthy-{tag}", f"kwok-{tag}"
-
-
-def start_on_sick_node(api: KubeApi, namespace: str, job: Json) -> tuple[str, Json, str]:
-    """The Job running on a node that will fall sick; a healthy node ready to take it over.
-    The healthy node comes after the pod is placed, so the pod lands on the sick one."""
-    sick, healthy, pool = node_names()
-    make_kwok_node(api, sick, {POOL: pool})
-    job["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
-    name = create_job(api, namespace, job)
-    first = wait_for(lambda: running_pod(api, namespace, name), 30, "the job's pod running")
-    assert first["spec"]["nodeName"] == sick
-    make_kwok_node(api, healthy, {POOL: pool})
-    return name, first, healthy
 
 
 # --- end to end ------------------------------------------------------------------------

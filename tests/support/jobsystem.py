@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 
 from gpuguard.kube.rest import Json, KubeApi
-from tests.support.cluster import CREATED_NODES
+from tests.support.cluster import CREATED_NODES, wait_for
+from tests.support.controllers import POOL
 from tests.support.controlplane import (
     REPO,
     START_TIMEOUT_S,
@@ -216,3 +217,34 @@ def running_pod(api: KubeApi, namespace: str, job: str, *, not_uid: str = "") ->
         if phase == "Running" and pod["metadata"]["uid"] != not_uid:
             return pod
     return None
+
+
+def resumed(api: KubeApi, namespace: str, job: str, first: Json) -> Json:
+    """The pod that took over from ``first``; fails at once if the Job ended instead."""
+    uid = first["metadata"]["uid"]
+    outcome = wait_for(
+        lambda: running_pod(api, namespace, job, not_uid=uid) or finished_as(api, namespace, job),
+        60,
+        "the job's pod running again",
+    )
+    assert isinstance(outcome, dict), f"the job ended instead: {job_status(api, namespace, job)}"
+    return outcome
+
+
+def node_names() -> tuple[str, str, str]:
+    """Names for a sick node, a healthy node, and the pool only this test's nodes are in."""
+    tag = uuid.uuid4().hex[:6]
+    return f"kwok-sick-{tag}", f"kwok-healthy-{tag}", f"kwok-{tag}"
+
+
+def start_on_sick_node(api: KubeApi, namespace: str, job: Json) -> tuple[str, Json, str]:
+    """The Job running on a node that will fall sick; a healthy node ready to take it over.
+    The healthy node comes after the pod is placed, so the pod lands on the sick one."""
+    sick, healthy, pool = node_names()
+    make_kwok_node(api, sick, {POOL: pool})
+    job["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
+    name = create_job(api, namespace, job)
+    first = wait_for(lambda: running_pod(api, namespace, name), 30, "the job's pod running")
+    assert first["spec"]["nodeName"] == sick
+    make_kwok_node(api, healthy, {POOL: pool})
+    return name, first, healthy
