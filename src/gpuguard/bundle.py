@@ -2,7 +2,8 @@
 
 The layout is what :class:`gpuguard.sources.BundleSources` reads: one file per
 :class:`~gpuguard.sources.Artifact`, ``dcgmi-diag.exitcode``, and ``sysfs/`` (plus
-``sysfs-later/``, a second counter sample) mirroring ``/sys/class/infiniband`` (a bundle
+``sysfs-later/``, a second counter sample) mirroring ``/sys/class/infiniband``, and
+``in-job/``, the jobs' verdicts (a bundle
 made by hand may copy all of ``/sys`` instead: see
 :func:`gpuguard.sources.locate_infiniband_copy`). Nothing
 that fails to collect stops the rest; ``manifest.json`` says what was captured and why
@@ -20,6 +21,7 @@ from pathlib import Path
 from gpuguard.config import Config
 from gpuguard.errors import CheckError
 from gpuguard.sources import Artifact, LiveSources
+from gpuguard.training.verdicts import SUFFIX as VERDICT_SUFFIX
 
 # What is copied from each RDMA device and port: small text files only.
 _DEVICE_FILES = ("hca_type", "fw_ver", "board_id", "node_guid", "node_type")
@@ -56,8 +58,18 @@ def collect(
         )
     else:
         manifest["sysfs"] = f"not collected: {root} does not exist"
+    manifest["in-job"] = _copy_verdicts(config.in_job.directory, target / "in-job")
     (target / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _copy_verdicts(source: Path | None, target: Path) -> str:
+    """The jobs' verdict files as they are (a garbled one too: the check reports it)."""
+    if source is None or not source.is_dir():
+        return f"not collected: {source} is not a directory"
+    names = sorted(p.name for p in source.glob(f"*{VERDICT_SUFFIX}") if not p.name.startswith("."))
+    _copy_files(source, target, tuple(names))
+    return f"from {source}: {len(names)} verdict files"
 
 
 def copy_infiniband_sysfs(root: Path, target: Path) -> None:

@@ -7,11 +7,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gpuguard.cli import EXIT_USAGE, main
+from gpuguard.training.verdicts import Verdict, VerdictKind, write_verdict
 from tests.conftest import DATA
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
@@ -134,8 +136,17 @@ def test_bundle_collect_then_check_gives_the_live_verdict(tmp_path):
     log = tmp_path / "kern.log"
     shutil.copy(DATA / "dmesg_xid119_gsp_rpc_timeout_h100.log", log)
     config = tmp_path / "gpuguard.yaml"
+    in_job = tmp_path / "in-job"  # a job's rank found its GPU slow
+    in_job.mkdir()
+    now = time.time()
+    slow = Verdict(
+        VerdictKind.FAIL_SLOW, "ml/train", 2, 8, "node-1", "00000000:01:00.0",
+        now - 60, now, 1.2, (100, 130), "compute 1.2x", ttl_s=3600,
+    )  # fmt: skip
+    write_verdict(in_job, slow)
     config.write_text(
         f"kernel_log: {log}\ninfiniband_sysfs: {tmp_path / 'no-ib'}\ncounter_sample_interval_s: 0\n"
+        f"in_job: {{directory: {in_job}}}\n"
     )
     env = {**os.environ, "PATH": f"{tools}:/usr/bin:/bin"}
     bundle = tmp_path / "bundle"
@@ -169,7 +180,9 @@ def test_bundle_collect_then_check_gives_the_live_verdict(tmp_path):
         if f["severity"] != "info"
     )
     # The fixture's down ports are Disabled front-end Ethernet beside InfiniBand: not judged.
+    assert manifest["in-job"] == f"from {in_job}: 1 verdict files"
     assert "XID_119" in offline_codes and "IB_LINK_DOWN" not in offline_codes
+    assert "IN_JOB_FAIL_SLOW" in offline_codes
     assert offline_codes == live_codes
     assert live.returncode == offline.returncode == 2
 
