@@ -93,10 +93,12 @@ def test_link_slow_is_reported_on_the_network_layer_without_a_repair(tmp_path):
     assert "communication 1.17x" in found.message
 
 
-def test_a_lapsed_verdict_is_forgotten(tmp_path):
+def test_a_verdict_its_job_no_longer_refreshes_still_stands(tmp_path):
     now = time.time()
-    write_verdict(in_job(tmp_path), verdict(written_at=now - 901, since=now - 2000))
-    assert findings(tmp_path) == []
+    write_verdict(in_job(tmp_path), verdict(written_at=now - 1000, since=now - 2000))
+    (found,) = findings(tmp_path)
+    assert found.code == "IN_JOB_FAIL_SLOW" and found.deferred
+    assert "not refreshed for 1000s (the job has ended)" in found.evidence
 
 
 def test_a_verdict_about_another_node_or_a_garbled_file_is_reported_never_acted_on(tmp_path):

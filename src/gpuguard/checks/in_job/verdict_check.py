@@ -2,7 +2,8 @@
 
 A job's ranks time their steps and compare their parameters (``gpuguard.training``); the
 rank a verdict names writes it on its own node, into the directory this check reads. A
-verdict holds while its job refreshes it; a repair of the GPU it names forgets it.
+verdict holds until its job withdraws it (the GPU recovered) or a repair of the GPU it
+names forgets it; a job that ends leaves it standing.
 """
 
 from __future__ import annotations
@@ -60,13 +61,11 @@ class InJobCheck:
         findings = [_invalid(NODE, str(error)) for error in errors]
         now = time.time()
         for verdict in verdicts:
-            if verdict.lapsed(now):
-                continue
             if self.node is not None and verdict.node != self.node:
                 why = f"{verdict.file_name()}: written for node {verdict.node!r}, not {self.node!r}"
                 findings.append(_invalid(component_of(verdict), why))
                 continue
-            findings.append(finding_for(verdict))
+            findings.append(finding_for(verdict, now))
         return findings
 
 
@@ -74,9 +73,11 @@ def component_of(verdict: Verdict) -> Component:
     return gpu(verdict.gpu) if verdict.gpu else NODE
 
 
-def finding_for(verdict: Verdict) -> Finding:
-    """The finding a live verdict stands for. A fail-slow waits for the job's next
-    checkpoint; once the job has saved one, the repair need wait no longer."""
+def finding_for(verdict: Verdict, now: float) -> Finding:
+    """The finding a verdict stands for. A fail-slow waits for the job's next checkpoint;
+    once the job has saved one, the repair need wait no longer. A verdict its job stopped
+    refreshing still stands: the job ended or crashed, the GPU it judged did not get
+    better (its repair forgets it; a job that sees the GPU recover withdraws it)."""
     code, layer = _CODE[verdict.kind]
     component = component_of(verdict)
     where = f"rank {verdict.rank} of {verdict.world_size} of job {verdict.job}"
@@ -89,6 +90,8 @@ def finding_for(verdict: Verdict) -> Finding:
     evidence = (
         f"steps {verdict.steps[0]}-{verdict.steps[1]}, for {lasting:.0f}s; {verdict.evidence}"
     )
+    if verdict.lapsed(now):
+        evidence += f"; not refreshed for {now - verdict.written_at:.0f}s (the job has ended)"
     found = RULES[code].finding(layer, component, SOURCE, _prefixed(component, message), evidence)
     if found.deferred and verdict.checkpointed_at is not None:
         return Finding(
