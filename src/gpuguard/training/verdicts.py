@@ -7,8 +7,9 @@ that runs there, into a directory the job pod and the agent DaemonSet share thro
 hostPath (``$GPUGUARD_IN_JOB_DIR``; the chart's ``inJob.hostPath``). One JSON file per
 job and rank, replaced atomically: the agent never reads half a verdict.
 
-A verdict lives while its writer refreshes it (``written_at``): a rank that recovers
-deletes its file, a job that ends leaves it to lapse after ``ttl_s``. Once the job has
+A rank refreshes its verdict while it holds (``written_at``) and deletes it when its GPU
+recovers; a verdict not refreshed for ``ttl_s`` tells the agent its job has ended, and it
+still stands (the GPU did not get better) until the repair it asked for. Once the job has
 saved a checkpoint after the verdict (``checkpointed_at``), the repair need not wait for
 the job any longer. Standard library only, like the rest of ``gpuguard.training``.
 """
@@ -76,7 +77,8 @@ class Verdict:
 def write_verdict(directory: Path, verdict: Verdict) -> Path:
     """Replace ``directory/<job>.rank<N>.verdict.json`` with ``verdict`` atomically."""
     target = directory / verdict.file_name()
-    temporary = directory / f".tmp-{os.getpid()}-{verdict.file_name()}"
+    # Not ending in SUFFIX, so a reader listing the directory never opens it half written.
+    temporary = directory / f".{verdict.file_name()}.{os.getpid()}.tmp"
     temporary.write_text(verdict.to_json() + "\n")
     os.replace(temporary, target)
     return target
@@ -94,7 +96,7 @@ def read_verdicts(directory: Path) -> tuple[list[Verdict], list[VerdictError]]:
     verdicts: list[Verdict] = []
     errors: list[VerdictError] = []
     try:
-        paths = sorted(directory.glob(f"*{SUFFIX}"))
+        paths = sorted(p for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith("."))
     except OSError as exc:
         return [], [VerdictError(f"{directory}: cannot list: {exc}")]
     for path in paths:

@@ -1,0 +1,238 @@
+"""The in-job monitor: step telemetry, the straggler judge and replica agreement in one
+object a training loop calls, and the verdict file of this rank kept up to date.
+
+Every rank of the job makes the same calls at the same steps (they are collectives)::
+
+    monitor = JobMonitor()                       # rank, job, node, GPU from the environment
+    for step in range(start, total_steps):
+        with monitor.step(step):
+            loss = forward_backward(batch)       # compute
+            with monitor.communicating():        # the first collective of the step
+                all_reduce(gradients)
+            optimizer.step()
+        monitor.check_replicas(step, model)      # a fingerprint round every 50 steps
+        if step % interval == 0:
+            save_checkpoint(step)
+            monitor.checkpoint_saved(step)
+    monitor.close()
+
+At the end of every window of ``window_steps`` steps the ranks exchange one record each
+and all run the judge; a named rank writes its verdict (one at a time: a replica
+mismatch, then fail-slow, then link-slow) into ``verdict_dir`` and refreshes it every
+window; it withdraws it when it recovers. The monitor never stops the job: an exchange
+that fails is logged and the monitor turns itself off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gpuguard.training.exchange import Exchange, ExchangeError, open_exchange
+from gpuguard.training.identity import RankIdentity
+from gpuguard.training.replicas import ReplicaCheck, ReplicaRound, fingerprint
+from gpuguard.training.step_timer import StepTimer, WindowRecord
+from gpuguard.training.straggler import Slowness, StragglerJudge, StragglerPolicy
+from gpuguard.training.verdicts import (
+    DEFAULT_TTL_S,
+    IN_JOB_DIR_ENV,
+    Verdict,
+    VerdictKind,
+    withdraw_verdict,
+    write_verdict,
+)
+
+log = logging.getLogger("gpuguard.training")
+
+DEFAULT_WINDOW_STEPS = 8
+"""Steps per exchanged window: 8 x 3 windows names a rank within 28 steps of its onset."""
+
+
+class JobMonitor:
+    def __init__(
+        self,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        job: str | None = None,
+        node: str | None = None,
+        gpu: str | None = None,
+        replica_group: Any = 0,
+        window_steps: int = DEFAULT_WINDOW_STEPS,
+        policy: StragglerPolicy | None = None,
+        replica_interval: int = 50,
+        replica_recheck_after: int = 10,
+        replica_rtol: float = 0.0,
+        verdict_dir: str | os.PathLike[str] | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        exchange: Exchange | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if window_steps < 1:
+            raise ValueError(f"window_steps {window_steps} must be at least 1")
+        self.identity = RankIdentity.resolve(
+            rank=rank, world_size=world_size, job=job, node=node, gpu=gpu
+        )
+        directory = verdict_dir if verdict_dir is not None else os.environ.get(IN_JOB_DIR_ENV)
+        self.verdict_dir = Path(directory) if directory else None
+        self.window_steps = window_steps
+        self.replica_group = replica_group
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._timer = StepTimer(self.identity.rank)
+        self._judge = StragglerJudge(self.identity.world_size, policy)
+        self._replicas = ReplicaCheck(replica_interval, replica_recheck_after, replica_rtol)
+        self._exchange = exchange or open_exchange(self.identity.rank, self.identity.world_size)
+        self._slowness: Slowness | None = None
+        self._mismatch_steps: tuple[int, int] | None = None
+        self._mismatch_evidence = ""
+        self.verdict: Verdict | None = None
+        """The verdict this rank holds now (written to ``verdict_dir`` when there is one)."""
+        self._verdict_step = 0  # the step at which the held verdict was first written
+        self.named: dict[int, Slowness] = {}
+        """Every rank the judge names after the latest window (the same on all ranks)."""
+        self.last_replica_round: ReplicaRound | None = None
+        self.disabled: str | None = None
+        """Why the monitor turned itself off, or None while it works."""
+
+    @contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        self.begin_step(step)
+        try:
+            yield
+        finally:
+            self.end_step()
+
+    @contextmanager
+    def communicating(self) -> Iterator[None]:
+        self.mark_communication()
+        yield
+
+    def begin_step(self, step: int) -> None:
+        self._timer.begin(step)
+
+    def mark_communication(self) -> None:
+        """The rank enters the step's first collective: compute ends here."""
+        self._timer.communicating()
+
+    def end_step(self) -> None:
+        step = self._timer.end()
+        if step is None or self.disabled or (step + 1) % self.window_steps:
+            return
+        record = self._timer.take_window(step)
+        table = self._gather(record.to_wire())
+        if table is None:
+            return
+        self.named = self._judge.judge([WindowRecord.from_wire(row) for row in table])
+        self._slowness = self.named.get(self.identity.rank)
+        self._publish(step)
+
+    def check_replicas(self, step: int, parameters: Any) -> ReplicaRound | None:
+        """Call after every optimiser step with the rank's parameters (see
+        `replicas.fingerprint`); a round of fingerprints when one is due."""
+        if self.disabled or not self._replicas.due(step):
+            return None
+        mine = fingerprint(parameters, rtol=self._replicas.rtol)
+        table = self._gather([step, self.replica_group, list(mine)])
+        if table is None:
+            return None
+        groups = {rank: (group, tuple(prints)) for rank, (_, group, prints) in enumerate(table)}
+        result = self._replicas.judge(step, groups)
+        self.last_replica_round = result
+        if result.vote.inconclusive:
+            log.warning(
+                "replica check at step %d inconclusive for ranks %s: no strict majority",
+                step,
+                list(result.vote.inconclusive),
+            )
+        named = result.named.get(self.identity.rank)
+        if named is not None:
+            self._mismatch_steps = (named.first_step, named.last_step)
+            self._mismatch_evidence = named.evidence
+            self._publish(step)
+        return result
+
+    def checkpoint_saved(self, step: int) -> None:
+        """Every rank calls it once a checkpoint of ``step`` is complete: a held verdict
+        records that the job can now be moved without losing work since the verdict."""
+        held = self.verdict
+        if held is None or step < self._verdict_step:
+            return
+        self._write(replace(held, checkpointed_at=self._clock(), written_at=self._clock()))
+
+    def close(self) -> None:
+        """Stop exchanging. A held verdict stays, to lapse after its ``ttl_s``."""
+        self._exchange.close()
+
+    def _gather(self, item: Any) -> list[Any] | None:
+        try:
+            return self._exchange.all_gather(item)
+        except (ExchangeError, OSError) as exc:
+            self.disabled = f"exchange failed: {exc}"
+            log.error("in-job monitor of rank %d off: %s", self.identity.rank, self.disabled)
+            self._exchange.close()
+            return None
+
+    def _publish(self, step: int) -> None:
+        wanted = self._wanted(step)
+        if wanted is None:
+            if self.verdict is not None:
+                log.warning(
+                    "rank %d recovered at step %d: verdict withdrawn", self.identity.rank, step
+                )
+                self.verdict = None
+                if self.verdict_dir is not None:
+                    withdraw_verdict(self.verdict_dir, self.identity.job, self.identity.rank)
+            return
+        kind, ratio, steps, evidence = wanted
+        now = self._clock()
+        held = self.verdict
+        if held is not None and held.kind is kind:
+            self._write(replace(held, written_at=now, ratio=ratio, steps=steps, evidence=evidence))
+            return
+        me = self.identity
+        log.warning(
+            "rank %d (node %s, GPU %r) named %s: %s", me.rank, me.node, me.gpu, kind, evidence
+        )
+        self._verdict_step = step
+        self._write(
+            Verdict(
+                kind=kind,
+                job=me.job,
+                rank=me.rank,
+                world_size=me.world_size,
+                node=me.node,
+                gpu=me.gpu,
+                since=now,
+                written_at=now,
+                ratio=ratio,
+                steps=steps,
+                evidence=evidence,
+                ttl_s=self.ttl_s,
+            )
+        )
+
+    def _wanted(self, step: int) -> tuple[VerdictKind, float, tuple[int, int], str] | None:
+        if self._mismatch_steps is not None:  # wrong results outrank slow ones
+            first, _ = self._mismatch_steps
+            return VerdictKind.REPLICA_MISMATCH, 0.0, (first, step), self._mismatch_evidence
+        slow = self._slowness
+        if slow is None:
+            return None
+        return slow.kind, slow.ratio, (slow.first_step, slow.last_step), slow.evidence
+
+    def _write(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        if self.verdict_dir is None:
+            return
+        try:
+            self.verdict_dir.mkdir(parents=True, exist_ok=True)
+            write_verdict(self.verdict_dir, verdict)
+        except OSError as exc:
+            log.error("cannot write the verdict of rank %d: %s", verdict.rank, exc)

@@ -1,0 +1,217 @@
+"""Replica agreement: silent data corruption found by comparing replicas' parameters.
+
+In data-parallel training every replica applies the same averaged gradient to the same
+parameters, so after each step they are bit for bit identical (collectives hand every rank
+the same result). A GPU that silently computes a wrong value leaves its replica different,
+and since later steps update all replicas alike, the difference stays.
+
+Every ``interval`` steps each rank takes a `fingerprint` of its parameters and the ranks
+vote within each replica group (ranks that must hold identical parameters; the caller
+names the group). A rank outside a strict majority of its group is a suspect; it is named
+only if it is odd again at the re-check ``recheck_after`` steps later, which rules out a
+transient (a flip that healed, a fault in the fingerprint itself). Two replicas that
+disagree, or a group with no strict majority, name no one: the round is inconclusive.
+
+Covered: plain DP, and the DP dimension of FSDP/HSDP/TP/PP jobs, where the ranks that hold
+the same shard form a group (pass the shard's index as the group). Not covered: ranks that
+hold different shards (TP, PP, FSDP within a shard group) differ by design; and a job
+whose replicas are not bit-identical (non-deterministic optimiser kernels, per-rank
+dropout of the parameters) needs ``rtol > 0``, which only catches larger corruptions.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Fingerprint = tuple[float, ...]
+_MASK = (1 << 64) - 1
+_FOLD = 1_000_003
+
+
+def fingerprint(parameters: Any, *, rtol: float = 0.0) -> Fingerprint:
+    """A few numbers that differ when one element of ``parameters`` does.
+
+    ``parameters``: a mapping of name to array (taken in name order), a torch module, or
+    an iterable of NumPy arrays or torch tensors. With ``rtol == 0`` (the default) the sum
+    of each array's bit patterns as integers (mod 2**64), folded in order: one pass over
+    memory, on the tensor's own device, deterministic, and changed by any one element
+    changing. With ``rtol > 0``: the float64 sum and sum of magnitudes, to be compared
+    within ``rtol`` (see `agree`).
+    """
+    arrays = list(_arrays(parameters))
+    if rtol > 0:
+        total = magnitude = 0.0
+        for array in arrays:
+            value, size = _float_sums(array)
+            total, magnitude = total + value, magnitude + size
+        return (total, magnitude)
+    folded = 0
+    for array in _bit_sums(arrays):
+        folded = (folded * _FOLD + array) & _MASK
+    return (float(len(arrays)), float(folded >> 32), float(folded & 0xFFFFFFFF))
+
+
+def agree(a: Fingerprint, b: Fingerprint, rtol: float = 0.0) -> bool:
+    if rtol <= 0 or len(a) != 2 or len(b) != 2:
+        return a == b
+    scale = max(abs(a[1]), abs(b[1]), 1e-30)
+    return abs(a[0] - b[0]) <= rtol * scale and abs(a[1] - b[1]) <= rtol * scale
+
+
+@dataclass(frozen=True)
+class Vote:
+    odd: tuple[int, ...]  # ranks outside the strict majority of their group
+    inconclusive: tuple[int, ...]  # ranks of groups that disagree without a majority
+
+
+def vote(groups: Mapping[int, tuple[Any, Fingerprint]], rtol: float = 0.0) -> Vote:
+    """``groups``: rank -> (replica group, fingerprint)."""
+    by_group: dict[Any, list[int]] = {}
+    for rank in sorted(groups):
+        by_group.setdefault(_group_key(groups[rank][0]), []).append(rank)
+    odd: list[int] = []
+    inconclusive: list[int] = []
+    for ranks in by_group.values():
+        prints = {rank: groups[rank][1] for rank in ranks}
+        majority = _majority(prints, rtol)
+        if majority is None:
+            inconclusive.extend(ranks)
+        else:
+            odd.extend(rank for rank in ranks if not agree(prints[rank], majority, rtol))
+    return Vote(tuple(sorted(odd)), tuple(sorted(inconclusive)))
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A rank named for holding parameters its replicas do not."""
+
+    rank: int
+    first_step: int  # the round that first found it odd
+    last_step: int  # the latest round that found it odd
+    evidence: str
+
+
+@dataclass(frozen=True)
+class ReplicaRound:
+    step: int
+    vote: Vote
+    named: dict[int, Mismatch]  # every rank named so far, this round's included
+
+
+@dataclass
+class ReplicaCheck:
+    """Decides when a round is due and keeps suspects and named ranks between rounds.
+    A named rank stays named: the results it computed are wrong, whatever comes later."""
+
+    interval: int = 50
+    recheck_after: int = 10
+    rtol: float = 0.0
+    _suspects: dict[int, int] = field(default_factory=dict, init=False)  # rank -> first odd
+    _named: dict[int, Mismatch] = field(default_factory=dict, init=False)
+    _recheck_at: int | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.interval < 1 or self.recheck_after < 1:
+            raise ValueError("interval and recheck_after must be at least 1")
+
+    def due(self, step: int) -> bool:
+        return step % self.interval == 0 or step == self._recheck_at
+
+    def judge(self, step: int, groups: Mapping[int, tuple[Any, Fingerprint]]) -> ReplicaRound:
+        result = vote(groups, self.rtol)
+        self._recheck_at = None
+        odd = set(result.odd)
+        for rank in list(self._suspects):
+            if rank not in odd:
+                del self._suspects[rank]  # agreed again: a transient
+        for rank in odd:
+            if rank in self._named:
+                old = self._named[rank]
+                self._named[rank] = Mismatch(rank, old.first_step, step, old.evidence)
+            elif rank in self._suspects:
+                first = self._suspects.pop(rank)
+                group = groups[rank][0]
+                size = sum(1 for g, _ in groups.values() if _group_key(g) == _group_key(group))
+                self._named[rank] = Mismatch(
+                    rank,
+                    first,
+                    step,
+                    f"parameters differ from the majority of replica group {group!r} "
+                    f"({size} ranks) at step {first} and again at step {step}",
+                )
+            else:
+                self._suspects[rank] = step
+        if self._suspects:
+            self._recheck_at = step + min(self.recheck_after, self.interval)
+        return ReplicaRound(step, result, dict(self._named))
+
+
+def _majority(prints: Mapping[int, Fingerprint], rtol: float) -> Fingerprint | None:
+    ranks = sorted(prints)
+    if rtol <= 0:
+        value, count = Counter(prints[rank] for rank in ranks).most_common(1)[0]
+        return value if 2 * count > len(ranks) else None
+    best = max(ranks, key=lambda r: sum(agree(prints[r], prints[o], rtol) for o in ranks))
+    count = sum(agree(prints[best], prints[other], rtol) for other in ranks)
+    return prints[best] if 2 * count > len(ranks) else None
+
+
+def _group_key(group: Any) -> Any:
+    return tuple(group) if isinstance(group, list) else group  # JSON turns tuples to lists
+
+
+def _arrays(parameters: Any) -> Iterable[Any]:
+    if isinstance(parameters, Mapping):
+        return (parameters[name] for name in sorted(parameters))
+    if hasattr(parameters, "parameters") and callable(parameters.parameters):
+        return parameters.parameters()  # type: ignore[no-any-return]  # a torch module
+    return parameters  # type: ignore[no-any-return]
+
+
+def _bit_sums(arrays: list[Any]) -> list[int]:
+    torch = sys.modules.get("torch")
+    if torch is not None and arrays and all(isinstance(a, torch.Tensor) for a in arrays):
+        return _torch_bit_sums(torch, arrays)
+    import numpy as np
+
+    sums = []
+    for array in arrays:
+        data = np.ascontiguousarray(array)
+        integers = data.reshape(-1).view(_numpy_int(np, data.dtype.itemsize))
+        sums.append(int(integers.sum(dtype=np.int64)) & _MASK)
+    return sums
+
+
+def _numpy_int(np: Any, itemsize: int) -> Any:
+    for size, dtype in ((8, np.int64), (4, np.int32), (2, np.int16)):
+        if itemsize % size == 0:
+            return dtype
+    return np.int8
+
+
+def _torch_bit_sums(torch: Any, tensors: list[Any]) -> list[int]:
+    by_size = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+    sums = []
+    for tensor in tensors:
+        flat = tensor.detach().reshape(-1)
+        sums.append(flat.view(by_size[flat.element_size()]).sum(dtype=torch.int64))
+    if len({s.device for s in sums}) == 1:
+        values = torch.stack(sums).tolist()  # one device-to-host copy, one synchronisation
+    else:
+        values = [s.item() for s in sums]
+    return [int(value) & _MASK for value in values]
+
+
+def _float_sums(array: Any) -> tuple[float, float]:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(array, torch.Tensor):
+        data = array.detach().double()
+        return float(data.sum()), float(data.abs().sum())
+    import numpy as np
+
+    data = np.asarray(array, dtype=np.float64)
+    return float(data.sum()), float(np.abs(data).sum())

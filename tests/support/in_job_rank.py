@@ -1,0 +1,127 @@
+"""One rank of a small synchronous data-parallel NumPy job, with the in-job monitor on.
+
+Each step computes a linear model's gradient on a batch (NumPy), then "runs on the GPU"
+for ``--step-s`` seconds with realistic jitter (a sleep: device time leaves the CPU free,
+as a kernel does; 16 ranks on two cores could not share a CPU-bound step fairly), then
+averages the gradients over all ranks through a loopback all-gather (the job's own
+collective, on ``--allreduce-port``) and applies them, so the replicas stay bit-identical.
+
+Faults, one rank each: ``--slow-rank`` is ``--slow-factor`` times slower from
+``--slow-from`` until ``--slow-until``; ``--corrupt-rank`` flips one bit of one parameter
+after step ``--corrupt-at``; ``--blip-rank`` flips one only while it fingerprints step
+``--blip-at`` (a transient that heals at once).
+
+Run with RANK, WORLD_SIZE, GPUGUARD_EXCHANGE_PORT, NODE_NAME, GPUGUARD_GPU_PCI_BUS_ID,
+GPUGUARD_JOB and GPUGUARD_IN_JOB_DIR set. Writes ``--report`` at the end: the steps at
+which this rank was named and released, and every rank any window named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpuguard.training import JobMonitor, LoopbackExchange
+
+FEATURES = 32
+BATCH = 16
+LEARNING_RATE = 0.01
+
+
+def flip_low_bit(params: np.ndarray, index: int) -> None:
+    bits = params.view(np.int64)
+    bits[index] ^= 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--allreduce-port", type=int, required=True)
+    parser.add_argument("--report", type=Path, required=True)
+    parser.add_argument("--step-s", type=float, default=0.02)
+    parser.add_argument("--jitter", type=float, default=0.03, help="per-step lognormal sigma")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-factor", type=float, default=1.15)
+    parser.add_argument("--slow-from", type=int, default=0)
+    parser.add_argument("--slow-until", type=int, default=1 << 30)
+    parser.add_argument("--corrupt-rank", type=int, default=-1)
+    parser.add_argument("--corrupt-at", type=int, default=-1)
+    parser.add_argument("--blip-rank", type=int, default=-1)
+    parser.add_argument("--blip-at", type=int, default=-1)
+    parser.add_argument("--replica-interval", type=int, default=50)
+    args = parser.parse_args()
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    allreduce = LoopbackExchange(rank, world_size, args.allreduce_port, timeout_s=30)
+    monitor = JobMonitor(replica_interval=args.replica_interval)
+    noise = np.random.default_rng([args.seed, rank])
+    speed = 1.0 + noise.uniform(-0.02, 0.02)  # GPUs of one model differ by a few per cent
+    params = np.random.default_rng(args.seed).standard_normal(FEATURES)
+    true_weights = np.linspace(-1.0, 1.0, FEATURES)
+    data = np.random.default_rng([args.seed, rank])
+    inputs = [data.standard_normal((BATCH, FEATURES)) for _ in range(8)]
+    # Made once: the step's CPU work stays tiny, so 16 ranks on two cores do not queue for
+    # a CPU, which would make the ranks scheduled last look slower.
+    batches = [(x, x @ true_weights) for x in inputs]
+    named_at = released_at = None
+    kinds: list[str] = []
+    named_ranks: set[int] = set()
+    odd_ranks: set[int] = set()
+
+    for step in range(args.steps):
+        with monitor.step(step):
+            x, y = batches[step % len(batches)]
+            gradient = x.T @ (x @ params - y) / BATCH
+            device_s = args.step_s * speed * noise.lognormal(0.0, args.jitter)
+            if noise.random() < 0.01:
+                device_s *= 2  # a rare hiccup: a page fault, a late input batch
+            if rank == args.slow_rank and args.slow_from <= step < args.slow_until:
+                device_s *= args.slow_factor
+            time.sleep(device_s)
+            with monitor.communicating():
+                gathered = allreduce.all_gather(gradient.tolist())
+            params -= LEARNING_RATE * np.mean(np.array(gathered), axis=0)
+        if rank == args.corrupt_rank and step == args.corrupt_at:
+            flip_low_bit(params, FEATURES // 3)
+        blip = rank == args.blip_rank and step == args.blip_at
+        if blip:
+            flip_low_bit(params, 1)
+        result = monitor.check_replicas(step, {"w": params})
+        if blip:
+            flip_low_bit(params, 1)
+        if result is not None:
+            odd_ranks.update(result.vote.odd)
+        named_ranks.update(monitor.named)
+        held = monitor.verdict
+        if held is not None and named_at is None:
+            named_at = step
+        if held is not None and str(held.kind) not in kinds:
+            kinds.append(str(held.kind))
+        if held is None and named_at is not None and released_at is None:
+            released_at = step
+        if result is not None and monitor.last_replica_round is not None:
+            named_ranks.update(monitor.last_replica_round.named)
+
+    monitor.close()
+    allreduce.close()
+    report = {
+        "rank": rank,
+        "named_at": named_at,
+        "released_at": released_at,
+        "kinds": kinds,
+        "named_ranks": sorted(named_ranks),
+        "odd_ranks": sorted(odd_ranks),
+        "disabled": monitor.disabled,
+        "fingerprint_params": params.tobytes().hex()[:32],
+    }
+    args.report.write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
