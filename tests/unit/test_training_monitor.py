@@ -1,0 +1,224 @@
+"""JobMonitor in one process: its verdict file's life, and the loopback exchange."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuguard.training import (
+    ExchangeError,
+    JobMonitor,
+    LoopbackExchange,
+    VerdictKind,
+    WindowRecord,
+    open_exchange,
+)
+from gpuguard.training.verdicts import read_verdicts
+
+WORLD = 8
+
+
+class ScriptedPeers:
+    """The exchange of rank 0 in an 8-rank job whose peers compute ``1 / slowdown`` as
+    long as rank 0 does, and hold the same parameters unless ``odd_prints`` says so."""
+
+    def __init__(self) -> None:
+        self.slowdown = 1.0
+        self.odd_prints = False
+        self.fail = False
+
+    def all_gather(self, item):
+        if self.fail:
+            raise ExchangeError("rank 3 closed the connection")
+        if len(item) == 3:  # a fingerprint round: [step, group, fingerprint]
+            step, group, prints = item
+            other = [p + 1 for p in prints] if self.odd_prints else prints
+            return [item] + [[step, group, other]] * (WORLD - 1)
+        mine = WindowRecord.from_wire(item)
+        peer_compute = mine.compute_s / self.slowdown
+        rows = [item]
+        for rank in range(1, WORLD):
+            wait = max(mine.compute_s - peer_compute, 0.0)
+            rows.append(
+                [rank, mine.first_step, mine.last_step, mine.steps, peer_compute, wait + 1e-4]
+            )
+        return rows
+
+    def close(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    monkeypatch.setenv("GPUGUARD_GPU_PCI_BUS_ID", "00000000:3B:00.0")
+    monkeypatch.setenv("GPUGUARD_JOB", "ml/pretrain")
+    for name in ("RANK", "WORLD_SIZE", "GPUGUARD_IN_JOB_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run_steps(monitor: JobMonitor, steps: range) -> None:
+    for step in steps:
+        with monitor.step(step):
+            time.sleep(0.0005)
+            with monitor.communicating():
+                pass
+
+
+def test_the_verdict_file_is_written_refreshed_checkpointed_and_withdrawn(tmp_path, env):
+    peers, clock = ScriptedPeers(), Clock()
+    monitor = JobMonitor(
+        rank=0, world_size=WORLD, exchange=peers, verdict_dir=tmp_path, clock=clock
+    )
+    run_steps(monitor, range(0, 32))
+    assert monitor.verdict is None and read_verdicts(tmp_path) == ([], [])
+    monitor.checkpoint_saved(31)  # no verdict held: nothing to record
+
+    peers.slowdown = 1.3
+    run_steps(monitor, range(32, 56))  # three slow windows
+    [verdict], errors = read_verdicts(tmp_path)
+    assert not errors
+    assert (verdict.kind, verdict.job, verdict.rank, verdict.world_size) == (
+        VerdictKind.FAIL_SLOW,
+        "ml/pretrain",
+        0,
+        WORLD,
+    )
+    assert (verdict.node, verdict.gpu, verdict.steps) == (
+        "gpu-node-7",
+        "00000000:3B:00.0",
+        (32, 55),
+    )
+    assert verdict.ratio == pytest.approx(1.3) and verdict.checkpointed_at is None
+
+    monitor.checkpoint_saved(40)  # a checkpoint of a step before the verdict: no
+    assert read_verdicts(tmp_path)[0][0].checkpointed_at is None
+    monitor.checkpoint_saved(56)
+    checkpointed = read_verdicts(tmp_path)[0][0]
+    assert checkpointed.since == verdict.since < checkpointed.checkpointed_at
+
+    run_steps(monitor, range(56, 64))
+    refreshed = read_verdicts(tmp_path)[0][0]
+    assert refreshed.written_at > checkpointed.written_at and refreshed.steps == (32, 63)
+    assert refreshed.checkpointed_at == checkpointed.checkpointed_at
+
+    peers.slowdown = 1.0
+    run_steps(monitor, range(64, 80))
+    assert read_verdicts(tmp_path)[0] != [], "released only after three windows back"
+    run_steps(monitor, range(80, 88))
+    assert read_verdicts(tmp_path) == ([], []) and monitor.verdict is None
+
+
+def test_a_replica_mismatch_outranks_slowness_and_stays(tmp_path, env):
+    peers = ScriptedPeers()
+    monitor = JobMonitor(
+        rank=0, world_size=WORLD, exchange=peers, verdict_dir=tmp_path, replica_interval=16
+    )
+    params = {"w": [0.5, 0.25]}
+    peers.slowdown = 1.3
+    for step in range(40):
+        run_steps(monitor, range(step, step + 1))
+        peers.odd_prints = step >= 30
+        monitor.check_replicas(step, params)
+    assert monitor.verdict is not None and monitor.verdict.kind is VerdictKind.FAIL_SLOW
+    for step in range(40, 60):  # rounds at 32 (a suspect) and 42 (the re-check names it)
+        run_steps(monitor, range(step, step + 1))
+        monitor.check_replicas(step, params)
+    [verdict], _ = read_verdicts(tmp_path)
+    assert verdict.kind is VerdictKind.REPLICA_MISMATCH and verdict.ratio == 0.0
+    assert verdict.steps == (32, 55) and "at step 32 and again at step 42" in verdict.evidence
+
+
+def test_an_exchange_that_fails_turns_the_monitor_off_not_the_job(tmp_path, env, caplog):
+    peers = ScriptedPeers()
+    monitor = JobMonitor(rank=0, world_size=WORLD, exchange=peers, verdict_dir=tmp_path)
+    peers.fail = True
+    run_steps(monitor, range(0, 24))
+    assert monitor.disabled and "rank 3 closed" in monitor.disabled
+    assert monitor.check_replicas(50, [[1.0]]) is None
+    assert "in-job monitor of rank 0 off" in caplog.text
+
+
+def test_rank_and_world_size_come_from_the_environment(monkeypatch, env):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monitor = JobMonitor()
+    assert (monitor.identity.rank, monitor.identity.world_size) == (0, 1)
+    assert monitor.identity.node == "gpu-node-7" and monitor.verdict_dir is None
+    run_steps(monitor, range(16))  # a job of one rank judges no one
+    assert monitor.named == {} and monitor.disabled is None
+
+
+def gather_in_threads(world: int, port: int, items: list[list[object]]) -> list[list[object]]:
+    results: list[list[object]] = [[] for _ in range(world)]
+    errors: list[BaseException] = []
+
+    def rank_main(rank: int) -> None:
+        try:
+            exchange = LoopbackExchange(rank, world, port, timeout_s=10)
+            try:
+                for item in items[rank]:
+                    results[rank].append(exchange.all_gather(item))
+            finally:
+                exchange.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in reversed(range(world))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert not errors, errors
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_the_loopback_exchange_gathers_every_round_in_rank_order():
+    items = [[{"rank": r, "round": i} for i in range(5)] for r in range(4)]
+    results = gather_in_threads(4, free_port(), items)
+    for rank in range(4):
+        assert results[rank] == [[items[r][i] for r in range(4)] for i in range(5)]
+
+
+def test_the_loopback_exchange_listens_on_loopback_only_and_names_missing_ranks():
+    exchange = LoopbackExchange(0, 3, 0, timeout_s=0.3)
+    try:
+        assert exchange._server is not None
+        assert exchange._server.getsockname()[0] == "127.0.0.1"
+        with pytest.raises(ExchangeError, match=r"ranks \[1, 2\] did not connect"):
+            exchange.all_gather([1])
+    finally:
+        exchange.close()
+
+
+def test_without_torch_or_a_port_the_exchange_says_what_to_set(monkeypatch):
+    monkeypatch.delenv("GPUGUARD_EXCHANGE_PORT", raising=False)
+    with pytest.raises(ExchangeError, match="GPUGUARD_EXCHANGE_PORT"):
+        open_exchange(1, 4)
+
+
+def test_a_rank_whose_rank_0_never_listens_gives_up_with_an_error(tmp_path: Path):
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(ExchangeError, match="cannot reach rank 0"):
+        LoopbackExchange(1, 2, port, timeout_s=0.3)
+    assert time.monotonic() - started < 5
