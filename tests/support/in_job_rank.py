@@ -92,11 +92,12 @@ def main() -> None:
         blip = rank == args.blip_rank and step == args.blip_at
         if blip:
             flip_low_bit(params, 1)
-        result = monitor.check_replicas(step, {"w": params})
+        rounds = monitor.check_replicas(step, {"w": params})  # fingerprints now
         if blip:
             flip_low_bit(params, 1)
-        if result is not None:
+        for result in rounds:
             odd_ranks.update(result.vote.odd)
+            named_ranks.update(result.named)
         named_ranks.update(monitor.named)
         held = monitor.verdict
         if held is not None and named_at is None:
@@ -105,8 +106,6 @@ def main() -> None:
             kinds.append(str(held.kind))
         if held is None and named_at is not None and released_at is None:
             released_at = step
-        if result is not None and monitor.last_replica_round is not None:
-            named_ranks.update(monitor.last_replica_round.named)
 
     monitor.close()
     allreduce.close()

@@ -113,7 +113,7 @@ def test_a_15_percent_slow_rank_is_named_within_30_steps_and_released_after_it_r
     slow = run.reports[slow_rank]
     assert slow["kinds"] == [VerdictKind.FAIL_SLOW], slow
     assert onset < slow["named_at"] <= onset + 30, (onset, slow)
-    assert until < slow["released_at"] <= until + 30, (until, slow)
+    assert until < slow["released_at"] <= until + 40, (until, slow)
     for report in run.reports:  # every rank's judge named the slow rank and no waiter
         assert report["named_ranks"] == [slow_rank], report
         assert report["disabled"] is None
@@ -127,8 +127,8 @@ def test_a_15_percent_slow_rank_is_named_within_30_steps_and_released_after_it_r
     )
     assert (first.node, first.gpu) == (node_of(slow_rank), gpu_of(slow_rank))
     assert 1.10 <= first.ratio < 1.25, first
-    assert onset - 8 < first.steps[0] <= onset + 8, (onset, first)  # the change point
-    assert first.steps[1] - first.steps[0] + 1 >= 3 * 8, first  # three windows of evidence
+    assert onset - 6 < first.steps[0] <= onset + 6, (onset, first)  # the change point
+    assert first.steps[1] - first.steps[0] + 1 >= 4 * 6, first  # four windows of evidence
     assert last.written_at >= first.written_at and last.since == first.since
     assert run.final == [], "a rank that recovered withdraws its verdict"
 

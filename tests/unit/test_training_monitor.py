@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.training import (
+    BackgroundExchange,
     ExchangeError,
     JobMonitor,
     LoopbackExchange,
@@ -83,12 +84,13 @@ def test_the_verdict_file_is_written_refreshed_checkpointed_and_withdrawn(tmp_pa
     monitor = JobMonitor(
         rank=0, world_size=WORLD, exchange=peers, verdict_dir=tmp_path, clock=clock
     )
-    run_steps(monitor, range(0, 32))
+    w = monitor.window_steps  # 6; named and released after 4 windows
+    run_steps(monitor, range(0, 5 * w))
     assert monitor.verdict is None and read_verdicts(tmp_path) == ([], [])
-    monitor.checkpoint_saved(31)  # no verdict held: nothing to record
+    monitor.checkpoint_saved(5 * w - 1)  # no verdict held: nothing to record
 
     peers.slowdown = 1.3
-    run_steps(monitor, range(32, 56))  # three slow windows
+    run_steps(monitor, range(5 * w, 9 * w))  # four slow windows
     [verdict], errors = read_verdicts(tmp_path)
     assert not errors
     assert (verdict.kind, verdict.job, verdict.rank, verdict.world_size) == (
@@ -97,28 +99,26 @@ def test_the_verdict_file_is_written_refreshed_checkpointed_and_withdrawn(tmp_pa
         0,
         WORLD,
     )
-    assert (verdict.node, verdict.gpu, verdict.steps) == (
-        "gpu-node-7",
-        "00000000:3B:00.0",
-        (32, 55),
-    )
+    assert (verdict.node, verdict.gpu) == ("gpu-node-7", "00000000:3B:00.0")
+    assert verdict.steps == (5 * w, 9 * w - 1)
     assert verdict.ratio == pytest.approx(1.3) and verdict.checkpointed_at is None
 
-    monitor.checkpoint_saved(40)  # a checkpoint of a step before the verdict: no
+    monitor.checkpoint_saved(6 * w)  # a checkpoint of a step before the verdict: no
     assert read_verdicts(tmp_path)[0][0].checkpointed_at is None
-    monitor.checkpoint_saved(56)
+    monitor.checkpoint_saved(9 * w)
     checkpointed = read_verdicts(tmp_path)[0][0]
     assert checkpointed.since == verdict.since < checkpointed.checkpointed_at
 
-    run_steps(monitor, range(56, 64))
+    run_steps(monitor, range(9 * w, 10 * w))
     refreshed = read_verdicts(tmp_path)[0][0]
-    assert refreshed.written_at > checkpointed.written_at and refreshed.steps == (32, 63)
+    assert refreshed.written_at > checkpointed.written_at
+    assert refreshed.steps == (5 * w, 10 * w - 1)
     assert refreshed.checkpointed_at == checkpointed.checkpointed_at
 
     peers.slowdown = 1.0
-    run_steps(monitor, range(64, 80))
-    assert read_verdicts(tmp_path)[0] != [], "released only after three windows back"
-    run_steps(monitor, range(80, 88))
+    run_steps(monitor, range(10 * w, 13 * w))
+    assert read_verdicts(tmp_path)[0] != [], "released only after four windows back"
+    run_steps(monitor, range(13 * w, 14 * w))
     assert read_verdicts(tmp_path) == ([], []) and monitor.verdict is None
 
 
@@ -139,16 +139,16 @@ def test_a_replica_mismatch_outranks_slowness_and_stays(tmp_path, env):
         monitor.check_replicas(step, params)
     [verdict], _ = read_verdicts(tmp_path)
     assert verdict.kind is VerdictKind.REPLICA_MISMATCH and verdict.ratio == 0.0
-    assert verdict.steps == (32, 55) and "at step 32 and again at step 42" in verdict.evidence
+    assert verdict.steps == (32, 59) and "at step 32 and again at step 42" in verdict.evidence
 
 
 def test_an_exchange_that_fails_turns_the_monitor_off_not_the_job(tmp_path, env, caplog):
     peers = ScriptedPeers()
     monitor = JobMonitor(rank=0, world_size=WORLD, exchange=peers, verdict_dir=tmp_path)
     peers.fail = True
-    run_steps(monitor, range(0, 24))
+    run_steps(monitor, range(0, 2 * monitor.window_steps))
     assert monitor.disabled and "rank 3 closed" in monitor.disabled
-    assert monitor.check_replicas(50, [[1.0]]) is None
+    assert monitor.check_replicas(50, [[1.0]]) == []
     assert "in-job monitor of rank 0 off" in caplog.text
 
 
@@ -159,6 +159,7 @@ def test_rank_and_world_size_come_from_the_environment(monkeypatch, env):
     assert (monitor.identity.rank, monitor.identity.world_size) == (0, 1)
     assert monitor.identity.node == "gpu-node-7" and monitor.verdict_dir is None
     run_steps(monitor, range(16))  # a job of one rank judges no one
+    monitor.close()
     assert monitor.named == {} and monitor.disabled is None
 
 
@@ -204,6 +205,7 @@ def test_the_loopback_exchange_listens_on_loopback_only_and_names_missing_ranks(
     try:
         assert exchange._server is not None
         assert exchange._server.getsockname()[0] == "127.0.0.1"
+        assert exchange.port != 0
         with pytest.raises(ExchangeError, match=r"ranks \[1, 2\] did not connect"):
             exchange.all_gather([1])
     finally:
@@ -222,3 +224,31 @@ def test_a_rank_whose_rank_0_never_listens_gives_up_with_an_error(tmp_path: Path
     with pytest.raises(ExchangeError, match="cannot reach rank 0"):
         LoopbackExchange(1, 2, port, timeout_s=0.3)
     assert time.monotonic() - started < 5
+
+
+class SlowEcho:
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+        self.closed = False
+
+    def all_gather(self, item):
+        time.sleep(0.01)  # a round that waits for the slowest rank
+        self.seen.append(item)
+        return [item]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_background_exchange_gathers_in_order_off_the_caller_and_finishes_on_close():
+    inner = SlowEcho()
+    exchange = BackgroundExchange(inner)
+    started = time.perf_counter()
+    futures = [exchange.submit(i) for i in range(5)]
+    assert time.perf_counter() - started < 0.01 * 5  # the caller did not wait for them
+    assert exchange.all_gather("last") == ["last"]
+    assert [f.result(timeout=5) for f in futures] == [[i] for i in range(5)]
+    pending = exchange.submit("at close")
+    exchange.close()
+    assert pending.result(timeout=0) == ["at close"] and inner.closed
+    assert inner.seen == [0, 1, 2, 3, 4, "last", "at close"]

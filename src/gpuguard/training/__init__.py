@@ -55,6 +55,7 @@ from gpuguard.training.contract import (
 )
 from gpuguard.training.exchange import (
     EXCHANGE_PORT_ENV,
+    BackgroundExchange,
     Exchange,
     ExchangeError,
     LoopbackExchange,
@@ -83,6 +84,7 @@ __all__ = [
     "JOB_ENV",
     "NODE_NAME_ENV",
     "RESTART_COUNT_ENV",
+    "BackgroundExchange",
     "CheckpointError",
     "Checkpointer",
     "Exchange",

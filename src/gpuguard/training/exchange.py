@@ -3,22 +3,27 @@
 Every rank passes its item (JSON-able: numbers, strings, lists) and gets back the list of
 all ranks' items, indexed by rank; every rank calls it at the same points of the job.
 
-- `TorchExchange`: ``torch.distributed.all_gather_object`` when the job has initialised
-  ``torch.distributed`` (any backend, any number of nodes).
+- `TorchExchange`: ``torch.distributed.all_gather_object`` on a gloo group of its own,
+  when the job has initialised ``torch.distributed`` (any backend, any number of nodes).
 - `LoopbackExchange`: a standard-library exchange for single-node jobs without torch
   (NumPy jobs, tests): rank 0 listens on 127.0.0.1:``$GPUGUARD_EXCHANGE_PORT``, every
   rank sends its item over one TCP connection, rank 0 answers each with the whole table.
   It binds the loopback address only, and speaks JSON, never pickle.
+- `BackgroundExchange`: either of them on a worker thread (what `JobMonitor` uses).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import socket
 import struct
 import sys
+import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 EXCHANGE_PORT_ENV = "GPUGUARD_EXCHANGE_PORT"
@@ -49,12 +54,16 @@ class SoloExchange:
 
 
 class TorchExchange:
+    """``group`` defaults to a new gloo group of all ranks (creating it is a collective:
+    every rank constructs the exchange at the same point): the monitor's gathers then run
+    on the CPU, apart from the job's own NCCL collectives, and may run on another thread."""
+
     def __init__(self, group: Any = None) -> None:
         import torch.distributed as dist
 
         self._dist = dist
-        self._group = group
-        self._size = dist.get_world_size(group)
+        self._group = group if group is not None else dist.new_group(backend="gloo")
+        self._size = dist.get_world_size(self._group)
 
     def all_gather(self, item: Any) -> list[Any]:
         gathered: list[Any] = [None] * self._size
@@ -63,6 +72,48 @@ class TorchExchange:
 
     def close(self) -> None:
         pass
+
+
+class BackgroundExchange:
+    """Runs another exchange's all-gathers on one worker thread, in the order they were
+    submitted, so the training loop does not wait in them: the gather's time is mostly
+    waiting for the slowest rank to arrive, which the job's own next collective absorbs
+    anyway. Every rank submits in the same order, so the rounds still match. Items must
+    not be changed once submitted."""
+
+    def __init__(self, inner: Exchange, *, close_timeout_s: float = 10.0) -> None:
+        self._inner = inner
+        self._close_timeout_s = close_timeout_s
+        self._queue: queue.SimpleQueue[tuple[Any, Future[list[Any]]] | None] = queue.SimpleQueue()
+        # A daemon: a peer that never answers must not keep the interpreter from exiting.
+        self._worker = threading.Thread(target=self._run, name="gpuguard-exchange", daemon=True)
+        self._worker.start()
+
+    def submit(self, item: Any) -> Future[list[Any]]:
+        future: Future[list[Any]] = Future()
+        self._queue.put((item, future))
+        return future
+
+    def all_gather(self, item: Any) -> list[Any]:
+        return self.submit(item).result()
+
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            item, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._inner.all_gather(item))
+            except BaseException as exc:  # handed to whoever waits on the round
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        """Finish the rounds already submitted (for at most ``close_timeout_s``), so that
+        the other ranks' last round is answered, then close."""
+        self._queue.put(None)
+        self._worker.join(self._close_timeout_s)
+        self._inner.close()  # wakes a worker still blocked on a peer
+        self._worker.join(self._close_timeout_s)
 
 
 class LoopbackExchange:
@@ -140,6 +191,8 @@ class LoopbackExchange:
     def close(self) -> None:
         for sock in [*self._peers.values(), self._upstream, self._server]:
             if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it
                 sock.close()
         self._peers.clear()
         self._upstream = self._server = None
@@ -147,7 +200,7 @@ class LoopbackExchange:
 
 def open_exchange(rank: int, world_size: int, *, port: int | None = None) -> Exchange:
     """The exchange this job can use: solo, torch.distributed, or loopback (``port``, else
-    ``$GPUGUARD_EXCHANGE_PORT``)."""
+    ``$GPUGUARD_EXCHANGE_PORT``). Wrap it in `BackgroundExchange` to gather off the loop."""
     if world_size == 1:
         return SoloExchange()
     torch = sys.modules.get("torch")

@@ -17,9 +17,10 @@ Every rank of the job makes the same calls at the same steps (they are collectiv
     monitor.close()
 
 At the end of every window of ``window_steps`` steps the ranks exchange one record each
-and all run the judge; a named rank writes its verdict (one at a time: a replica
-mismatch, then fail-slow, then link-slow) into ``verdict_dir`` and refreshes it every
-window; it withdraws it when it recovers. The monitor never stops the job: an exchange
+(on a worker thread, so the loop does not wait for it) and all run the judge on the table
+when it is back, a step or so later. A named rank writes its verdict (one at a time: a
+replica mismatch, then fail-slow, then link-slow) into ``verdict_dir``, refreshes it
+every window, and withdraws it when it recovers. The monitor never stops the job: an exchange
 that fails is logged and the monitor turns itself off.
 """
 
@@ -28,13 +29,15 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuguard.training.exchange import Exchange, ExchangeError, open_exchange
+from gpuguard.training.exchange import BackgroundExchange, Exchange, ExchangeError, open_exchange
 from gpuguard.training.identity import RankIdentity
 from gpuguard.training.replicas import ReplicaCheck, ReplicaRound, fingerprint
 from gpuguard.training.step_timer import StepTimer, WindowRecord
@@ -50,8 +53,8 @@ from gpuguard.training.verdicts import (
 
 log = logging.getLogger("gpuguard.training")
 
-DEFAULT_WINDOW_STEPS = 8
-"""Steps per exchanged window: 8 x 3 windows names a rank within 28 steps of its onset."""
+DEFAULT_WINDOW_STEPS = 6
+"""Steps per exchanged window: 6 x 4 windows names a rank within 28 steps of its onset."""
 
 
 class JobMonitor:
@@ -88,7 +91,13 @@ class JobMonitor:
         self._timer = StepTimer(self.identity.rank)
         self._judge = StragglerJudge(self.identity.world_size, policy)
         self._replicas = ReplicaCheck(replica_interval, replica_recheck_after, replica_rtol)
-        self._exchange = exchange or open_exchange(self.identity.rank, self.identity.world_size)
+        if exchange is None:
+            exchange = BackgroundExchange(
+                open_exchange(self.identity.rank, world_size=self.identity.world_size)
+            )
+        self._exchange = exchange
+        self._windows: deque[Future[list[Any]]] = deque()  # gathers not yet judged, in order
+        self._rounds: deque[tuple[int, Future[list[Any]]]] = deque()  # fingerprint rounds
         self._slowness: Slowness | None = None
         self._mismatch_steps: tuple[int, int] | None = None
         self._mismatch_evidence = ""
@@ -123,25 +132,41 @@ class JobMonitor:
 
     def end_step(self) -> None:
         step = self._timer.end()
-        if step is None or self.disabled or (step + 1) % self.window_steps:
+        if self.disabled:
             return
-        record = self._timer.take_window(step)
-        table = self._gather(record.to_wire())
-        if table is None:
-            return
-        self.named = self._judge.judge([WindowRecord.from_wire(row) for row in table])
-        self._slowness = self.named.get(self.identity.rank)
-        self._publish(step)
+        if step is not None and (step + 1) % self.window_steps == 0:
+            self._windows.append(self._submit(self._timer.take_window(step).to_wire()))
+        self._judge_gathered_windows()
 
-    def check_replicas(self, step: int, parameters: Any) -> ReplicaRound | None:
+    def check_replicas(self, step: int, parameters: Any) -> list[ReplicaRound]:
         """Call after every optimiser step with the rank's parameters (see
-        `replicas.fingerprint`); a round of fingerprints when one is due."""
+        `replicas.fingerprint`). When a round is due, fingerprints them (the loop waits
+        for that pass) and hands the fingerprint to the exchange; returns the rounds
+        judged during this call (their tables came back), usually none or one."""
+        if self.disabled:
+            return []
+        # A round's re-check step depends on its result, so every rank judges it by then.
+        judged = self._judge_gathered_rounds(wait_until=step)
         if self.disabled or not self._replicas.due(step):
-            return None
+            return judged
         mine = fingerprint(parameters, rtol=self._replicas.rtol)
-        table = self._gather([step, self.replica_group, list(mine)])
-        if table is None:
-            return None
+        self._rounds.append((step, self._submit([step, self.replica_group, list(mine)])))
+        return judged + self._judge_gathered_rounds(wait_until=-1)
+
+    def _judge_gathered_rounds(self, wait_until: int) -> list[ReplicaRound]:
+        judged = []
+        while self._rounds and not self.disabled:
+            round_step, future = self._rounds[0]
+            if not future.done() and self._replicas.recheck_step(round_step) > wait_until:
+                break
+            self._rounds.popleft()
+            table = self._result(future)
+            if table is None:
+                break
+            judged.append(self._judge_round(round_step, table))
+        return judged
+
+    def _judge_round(self, step: int, table: list[Any]) -> ReplicaRound:
         groups = {rank: (group, tuple(prints)) for rank, (_, group, prints) in enumerate(table)}
         result = self._replicas.judge(step, groups)
         self.last_replica_round = result
@@ -170,12 +195,36 @@ class JobMonitor:
         """Stop exchanging. A held verdict stays, to lapse after its ``ttl_s``."""
         self._exchange.close()
 
-    def _gather(self, item: Any) -> list[Any] | None:
+    def _submit(self, item: Any) -> Future[list[Any]]:
+        if isinstance(self._exchange, BackgroundExchange):
+            return self._exchange.submit(item)
+        future: Future[list[Any]] = Future()
         try:
-            return self._exchange.all_gather(item)
+            future.set_result(self._exchange.all_gather(item))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    def _judge_gathered_windows(self) -> None:
+        """Judge, in order, every window whose table has come back (on all ranks the same
+        tables in the same order; a rank may see one a step before another)."""
+        while self._windows and self._windows[0].done() and not self.disabled:
+            table = self._result(self._windows.popleft())
+            if table is None:
+                return
+            records = [WindowRecord.from_wire(row) for row in table]
+            self.named = self._judge.judge(records)
+            self._slowness = self.named.get(self.identity.rank)
+            self._publish(max(record.last_step for record in records))
+
+    def _result(self, future: Future[list[Any]]) -> list[Any] | None:
+        try:
+            return future.result()
         except (ExchangeError, OSError) as exc:
             self.disabled = f"exchange failed: {exc}"
             log.error("in-job monitor of rank %d off: %s", self.identity.rank, self.disabled)
+            self._windows.clear()
+            self._rounds.clear()
             self._exchange.close()
             return None
 

@@ -121,6 +121,10 @@ class ReplicaCheck:
     def due(self, step: int) -> bool:
         return step % self.interval == 0 or step == self._recheck_at
 
+    def recheck_step(self, round_step: int) -> int:
+        """The step whose `due` depends on the round of ``round_step``: judge it by then."""
+        return round_step + min(self.recheck_after, self.interval)
+
     def judge(self, step: int, groups: Mapping[int, tuple[Any, Fingerprint]]) -> ReplicaRound:
         result = vote(groups, self.rtol)
         self._recheck_at = None
@@ -146,7 +150,7 @@ class ReplicaCheck:
             else:
                 self._suspects[rank] = step
         if self._suspects:
-            self._recheck_at = step + min(self.recheck_after, self.interval)
+            self._recheck_at = self.recheck_step(step)
         return ReplicaRound(step, result, dict(self._named))
 
 

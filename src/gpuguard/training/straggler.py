@@ -42,7 +42,7 @@ _MAD_TO_SIGMA = 1.4826
 @dataclass(frozen=True)
 class StragglerPolicy:
     ratio: float = 1.10  # a 10 % slower rank paces a synchronous job 10 % slower
-    persistence: int = 3  # windows in a row, to be named and to be released
+    persistence: int = 4  # windows in a row, to be named and to be released
     spread_k: float = 3.0  # robust deviations of the peers the excess must also exceed
     baseline_windows: int = 32  # the rank's own recent healthy windows it is compared with
 
