@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpuguard.training.step_timer import WindowRecord
 from gpuguard.training.verdicts import VerdictKind
@@ -59,7 +59,7 @@ class Slowness:
 
     rank: int
     kind: VerdictKind  # FAIL_SLOW or LINK_SLOW
-    ratio: float  # median over the last `persistence` windows
+    ratio: float  # median over its last `persistence` slow windows
     first_step: int  # first step of the first slow window of the run
     last_step: int
     evidence: str
@@ -67,13 +67,14 @@ class Slowness:
 
 @dataclass
 class _RankState:
-    baseline: deque[float]
+    baseline: deque[float]  # compute of the latest healthy windows
+    slow_ratios: deque[float]  # of the latest compute-slow windows
+    link_ratios: deque[float]
     slow_run: int = 0  # compute-slow windows in a row
     slow_from: int = 0  # the first step of that run
     link_run: int = 0
     link_from: int = 0
     ok_run: int = 0  # windows in a row back within ratio, while named
-    ratios: deque[float] = field(default_factory=deque)
     named: Slowness | None = None
 
 
@@ -91,8 +92,13 @@ class StragglerJudge:
     def __init__(self, world_size: int, policy: StragglerPolicy | None = None) -> None:
         self.policy = policy or StragglerPolicy()
         self.world_size = world_size
+        runs = self.policy.persistence
         self._ranks = [
-            _RankState(baseline=deque(maxlen=self.policy.baseline_windows))
+            _RankState(
+                baseline=deque(maxlen=self.policy.baseline_windows),
+                slow_ratios=deque(maxlen=runs),
+                link_ratios=deque(maxlen=runs),
+            )
             for _ in range(world_size)
         ]
 
@@ -114,17 +120,21 @@ class StragglerJudge:
         state.slow_run = state.slow_run + 1 if window.compute_slow else 0
         if state.slow_run == 1:
             state.slow_from = record.first_step
+        if window.compute_slow:
+            state.slow_ratios.append(window.compute_ratio)
         if link_judged:
             state.link_run = state.link_run + 1 if window.link_slow else 0
             if state.link_run == 1:
                 state.link_from = record.first_step
+            if window.link_slow:
+                state.link_ratios.append(window.link_ratio)
         if not window.compute_slow:
             state.baseline.append(record.compute_s)
 
         if state.slow_run >= policy.persistence:
-            self._name(state, record, window, VerdictKind.FAIL_SLOW, window.compute_ratio)
+            self._name(state, record, window, VerdictKind.FAIL_SLOW)
         elif link_judged and state.link_run >= policy.persistence:
-            self._name(state, record, window, VerdictKind.LINK_SLOW, window.link_ratio)
+            self._name(state, record, window, VerdictKind.LINK_SLOW)
         elif state.named is not None:
             if state.named.kind is VerdictKind.FAIL_SLOW:
                 still = window.compute_slow
@@ -142,22 +152,18 @@ class StragglerJudge:
         record: WindowRecord,
         window: _Window,
         kind: VerdictKind,
-        ratio: float,
     ) -> None:
         policy = self.policy
         state.ok_run = 0
-        if state.named is None or state.named.kind is not kind:
-            state.ratios = deque(maxlen=policy.persistence)
-        state.ratios.append(ratio)
-        runs, first = (
-            (state.slow_run, state.slow_from)
+        runs, first, ratios = (
+            (state.slow_run, state.slow_from, state.slow_ratios)
             if kind is VerdictKind.FAIL_SLOW
-            else (state.link_run, state.link_from)
+            else (state.link_run, state.link_from, state.link_ratios)
         )
         state.named = Slowness(
             rank=record.rank,
             kind=kind,
-            ratio=statistics.median(state.ratios),
+            ratio=statistics.median(ratios),
             first_step=first,
             last_step=record.last_step,
             evidence=_evidence(kind, record, window, state, runs, first, policy),
