@@ -1,4 +1,5 @@
-"""A job's own verdict, end to end on the real API server: a rank of a running Job finds
+"""A job's own verdict, end to end on the real API server: a rank of a running job (real
+NumPy rank processes with gpuguard.training's JobMonitor, standing for the Job's pod) finds
 its GPU slow and writes the verdict on its node; the real agent reads it, the real
 controller taints the node at once and leaves the job running until it has saved its next
 checkpoint, then drains and replaces the node; the Job controller restarts the pod on a
@@ -8,11 +9,9 @@ KWOK is the kubelet; the Job is examples/jobs/job.yaml.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,10 +25,11 @@ from gpuguard.controller.loop import Controller
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, KubeNotFound, load_api
 from gpuguard.sources import BundleSources
-from gpuguard.training.verdicts import Verdict, VerdictKind, write_verdict
+from gpuguard.training.verdicts import VerdictKind, read_verdicts
 from tests.support.cluster import scratch_namespace, wait_for
 from tests.support.controllers import Running, new_controller, remediations, status_of, tainted
 from tests.support.controlplane import ControlPlane
+from tests.support.in_job_job import start_ranks, stop_ranks
 from tests.support.jobsystem import (
     JobSystem,
     end_pod,
@@ -90,21 +90,24 @@ def start(control_plane: ControlPlane, api: KubeApi, jobs: str, tmp_path: Path):
         item.halt()
 
 
-def verdict(kind: VerdictKind, job: str, node: str) -> Verdict:
-    now = time.time()
-    return Verdict(
-        kind=kind,
-        job=job,
-        rank=3,
-        world_size=8,
-        node=node,
-        gpu=GPU,
-        since=now - 90,
-        written_at=now,
-        ratio=1.16 if kind is VerdictKind.FAIL_SLOW else 0.0,
-        steps=(1200, 1260),
-        evidence="compute median 0.348 s vs peers' 0.300 s for 3 windows",
-    )
+def job_ranks(directory: Path, job: str, sick: str, tmp_path: Path, *fault: str):
+    """Four ranks of the job (the judge needs three); rank 1 runs on the sick node's GPU,
+    the others elsewhere. All write, if named, into the sick node's directory: only rank 1
+    ever is."""
+
+    def identity(rank: int) -> dict[str, str]:
+        node, gpu = (sick, GPU) if rank == 1 else (f"elsewhere-{rank}", f"0000:{rank:02x}:00.0")
+        return {
+            "NODE_NAME": node,
+            "GPUGUARD_GPU_PCI_BUS_ID": gpu,
+            "GPUGUARD_JOB": job,
+            "GPUGUARD_IN_JOB_DIR": str(directory),
+        }
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    # Far more steps than the test needs: it stops the ranks when it is done.
+    return start_ranks(4, 100_000, reports, identity, "--step-s=0.04", *fault)
 
 
 def step_saying(api: KubeApi, node: str, text: str) -> str | None:
@@ -129,49 +132,64 @@ def replaced(api: KubeApi, node: str) -> bool:
 
 
 def test_a_slow_gpu_waits_for_the_checkpoint_then_the_job_resumes_on_a_healthy_node(
-    api, jobs, start: tuple[Callable[[str], Path], Callable[[], Controller]]
+    api, jobs, start, tmp_path
 ):
     start_agent, start_controller = start
     name, first, healthy = start_on_sick_node(api, jobs, training_job())
     sick = first["spec"]["nodeName"]
     directory = start_agent(sick)
     start_controller()
-    slow = verdict(VerdictKind.FAIL_SLOW, f"{jobs}/{name}", sick)
-    write_verdict(directory, slow)
-
-    wait_for(lambda: tainted(api, sick), 30, "the node tainted at once")
-    waiting = wait_for(
-        lambda: step_saying(api, sick, "deferred repair: waiting for 1 running pods"),
-        30,
-        "the repair waiting for the job",
+    checkpoint = tmp_path / "checkpoint-saved"
+    slow = (
+        "--slow-rank=1",
+        "--slow-from=10",
+        "--slow-factor=1.3",
+        f"--checkpoint-file={checkpoint}",
     )
-    assert GPU in waiting and "IN_JOB_FAIL_SLOW" in waiting
-    pod = api.get(f"/api/v1/namespaces/{jobs}/pods/{first['metadata']['name']}")
-    assert pod["status"]["phase"] == "Running" and not pod["metadata"].get("deletionTimestamp")
-    assert node_exists(api, sick)
+    ranks = job_ranks(directory, f"{jobs}/{name}", sick, tmp_path, *slow)
+    try:
+        wait_for(lambda: tainted(api, sick), 60, "the node tainted once rank 1 is named")
+        waiting = wait_for(
+            lambda: step_saying(api, sick, "deferred repair: waiting for 1 running pods"),
+            30,
+            "the repair waiting for the job",
+        )
+        assert GPU in waiting and "IN_JOB_FAIL_SLOW" in waiting
+        (verdict,) = read_verdicts(directory)[0]
+        assert (verdict.kind, verdict.rank, verdict.node) == (VerdictKind.FAIL_SLOW, 1, sick)
+        assert verdict.checkpointed_at is None and verdict.ratio >= 1.1
+        pod = api.get(f"/api/v1/namespaces/{jobs}/pods/{first['metadata']['name']}")
+        assert pod["status"]["phase"] == "Running" and not pod["metadata"].get("deletionTimestamp")
 
-    # The job saves its checkpoint; the rank on the slow GPU says so in its verdict.
-    write_verdict(directory, dataclasses.replace(slow, checkpointed_at=time.time()))
-    second = resumed(api, jobs, name, first)
-    assert second["spec"]["nodeName"] == healthy
-    wait_for(lambda: replaced(api, sick), 60, "the slow GPU's node replaced")
-    assert step_saying(api, sick, "REPLACE attempt 1")
-    assert not job_status(api, jobs, name).get("failed")
+        checkpoint.touch()  # the job saves its checkpoint; rank 1's verdict says so
+        second = resumed(api, jobs, name, first)
+        assert second["spec"]["nodeName"] == healthy
+        assert read_verdicts(directory)[0][0].checkpointed_at is not None
+        wait_for(lambda: replaced(api, sick), 60, "the slow GPU's node replaced")
+        assert step_saying(api, sick, "REPLACE attempt 1")
+        assert not job_status(api, jobs, name).get("failed")
+    finally:
+        stop_ranks(ranks)
 
     end_pod(api, second, 0)
     assert wait_for(lambda: finished_as(api, jobs, name), 30, "the job finished")[0] == "Complete"
     assert not job_status(api, jobs, name).get("failed")
 
 
-def test_a_replica_mismatch_is_drained_at_once(api, jobs, start):
+def test_a_replica_mismatch_is_drained_at_once(api, jobs, start, tmp_path):
     start_agent, start_controller = start
     name, first, healthy = start_on_sick_node(api, jobs, training_job())
     sick = first["spec"]["nodeName"]
     directory = start_agent(sick)
     start_controller()
-    write_verdict(directory, verdict(VerdictKind.REPLICA_MISMATCH, f"{jobs}/{name}", sick))
-
-    second = resumed(api, jobs, name, first)
+    corrupt = ("--corrupt-rank=1", "--corrupt-at=20")
+    ranks = job_ranks(directory, f"{jobs}/{name}", sick, tmp_path, *corrupt)
+    try:
+        second = resumed(api, jobs, name, first)
+        (verdict,) = read_verdicts(directory)[0]
+        assert (verdict.kind, verdict.rank) == (VerdictKind.REPLICA_MISMATCH, 1)
+    finally:
+        stop_ranks(ranks)
     assert second["spec"]["nodeName"] == healthy
     wait_for(lambda: replaced(api, sick), 60, "the corrupting GPU's node replaced")
     assert step_saying(api, sick, "deferred repair") is None

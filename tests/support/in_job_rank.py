@@ -9,7 +9,8 @@ collective, on ``--allreduce-port``) and applies them, so the replicas stay bit-
 Faults, one rank each: ``--slow-rank`` is ``--slow-factor`` times slower from
 ``--slow-from`` until ``--slow-until``; ``--corrupt-rank`` flips one bit of one parameter
 after step ``--corrupt-at``; ``--blip-rank`` flips one only while it fingerprints step
-``--blip-at`` (a transient that heals at once).
+``--blip-at`` (a transient that heals at once). With ``--checkpoint-file``, every rank
+reports a checkpoint saved at the first step that file exists.
 
 Run with RANK, WORLD_SIZE, GPUGUARD_EXCHANGE_PORT, NODE_NAME, GPUGUARD_GPU_PCI_BUS_ID,
 GPUGUARD_JOB and GPUGUARD_IN_JOB_DIR set. Writes ``--report`` at the end: the steps at
@@ -55,6 +56,9 @@ def main() -> None:
     parser.add_argument("--blip-rank", type=int, default=-1)
     parser.add_argument("--blip-at", type=int, default=-1)
     parser.add_argument("--replica-interval", type=int, default=50)
+    parser.add_argument(
+        "--checkpoint-file", type=Path, help="once it exists, the job 'saves a checkpoint'"
+    )
     args = parser.parse_args()
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -69,7 +73,7 @@ def main() -> None:
     # Made once: the step's CPU work stays tiny, so 16 ranks on two cores do not queue for
     # a CPU, which would make the ranks scheduled last look slower.
     batches = [(x, x @ true_weights) for x in inputs]
-    named_at = released_at = None
+    named_at = released_at = checkpointed_at = None
     kinds: list[str] = []
     named_ranks: set[int] = set()
     odd_ranks: set[int] = set()
@@ -99,6 +103,9 @@ def main() -> None:
             odd_ranks.update(result.vote.odd)
             named_ranks.update(result.named)
         named_ranks.update(monitor.named)
+        if args.checkpoint_file and checkpointed_at is None and args.checkpoint_file.exists():
+            checkpointed_at = step
+            monitor.checkpoint_saved(step)
         held = monitor.verdict
         if held is not None and named_at is None:
             named_at = step

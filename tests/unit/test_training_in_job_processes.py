@@ -8,28 +8,17 @@ once all have exited. Waits are on observed state with deadlines.
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuguard.training import VerdictKind
 from gpuguard.training.verdicts import Verdict, read_verdicts
+from tests.support.in_job_job import start_ranks, stop_ranks
 
-REPO = Path(__file__).resolve().parents[2]
-RANK_SCRIPT = REPO / "tests" / "support" / "in_job_rank.py"
 JOB = "ml/llm-pretrain"
 DEADLINE_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def gpu_of(rank: int) -> str:
@@ -49,28 +38,16 @@ class JobRun:
 
 def run_job(tmp_path: Path, world_size: int, steps: int, *options: str) -> JobRun:
     verdict_dir = tmp_path / "in-job"
-    exchange_port, allreduce_port = free_port(), free_port()
-    processes = []
-    for rank in range(world_size):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "GPUGUARD_EXCHANGE_PORT": str(exchange_port),
+
+    def identity(rank: int) -> dict[str, str]:
+        return {
             "NODE_NAME": node_of(rank),
             "GPUGUARD_GPU_PCI_BUS_ID": gpu_of(rank),
             "GPUGUARD_JOB": JOB,
             "GPUGUARD_IN_JOB_DIR": str(verdict_dir),
         }
-        command = [
-            sys.executable,
-            str(RANK_SCRIPT),
-            f"--steps={steps}",
-            f"--allreduce-port={allreduce_port}",
-            f"--report={tmp_path / f'rank{rank}.json'}",
-            *options,
-        ]
-        processes.append(subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True))
+
+    processes = start_ranks(world_size, steps, tmp_path, identity, *options)
     run = JobRun(reports=[])
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -81,10 +58,9 @@ def run_job(tmp_path: Path, world_size: int, steps: int, *options: str) -> JobRu
             for verdict in verdicts:
                 run.seen.setdefault(verdict.rank, []).append(verdict)
             time.sleep(0.02)  # the agent's poll interval, scaled down
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
+    except BaseException:
+        stop_ranks(processes)
+        raise
     for rank, process in enumerate(processes):
         stderr = process.stderr.read() if process.stderr else ""
         assert process.wait() == 0, f"rank {rank} failed:\n{stderr}"

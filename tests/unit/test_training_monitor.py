@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from gpuguard.training import (
     open_exchange,
 )
 from gpuguard.training.verdicts import read_verdicts
+from tests.support.controlplane import free_port
 
 WORLD = 8
 
@@ -185,12 +185,6 @@ def gather_in_threads(world: int, port: int, items: list[list[object]]) -> list[
         thread.join(timeout=20)
     assert not errors, errors
     return results
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_the_loopback_exchange_gathers_every_round_in_rank_order():
