@@ -48,6 +48,14 @@ def job_system(
 
 
 @pytest.fixture
+def jobs(api: KubeApi, job_system: JobSystem) -> Iterator[str]:
+    """A namespace for the test's Jobs; KWOK, not a stand-in thread, ends their pods."""
+    job_system.check_running()
+    with scratch_namespace(api) as name:
+        yield name
+
+
+@pytest.fixture
 def namespace(api: KubeApi) -> Iterator[str]:
     """A namespace for one test's pods, with a stand-in kubelet that finishes deleted
     pods. Afterwards the test's nodes and episodes go too: a sick node or an episode left

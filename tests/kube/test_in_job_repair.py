@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,12 +25,11 @@ from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, KubeNotFound, load_api
 from gpuguard.sources import BundleSources
 from gpuguard.training.verdicts import VerdictKind, read_verdicts
-from tests.support.cluster import scratch_namespace, wait_for
+from tests.support.cluster import wait_for
 from tests.support.controllers import Running, new_controller, remediations, status_of, tainted
 from tests.support.controlplane import ControlPlane
 from tests.support.in_job_job import start_ranks, stop_ranks
 from tests.support.jobsystem import (
-    JobSystem,
     end_pod,
     finished_as,
     job_status,
@@ -42,13 +40,6 @@ from tests.support.jobsystem import (
 
 HEALTHY = Path(__file__).resolve().parents[2] / "examples" / "healthy-h100"
 GPU = "0000:00:09.0"  # the bundle's GPU, as the rank on it names it
-
-
-@pytest.fixture
-def jobs(api: KubeApi, job_system: JobSystem) -> Iterator[str]:
-    job_system.check_running()
-    with scratch_namespace(api) as name:
-        yield name
 
 
 @pytest.fixture

@@ -19,10 +19,9 @@ from gpuguard.cli import build_parser
 from gpuguard.contract.keys import TAINT_KEY
 from gpuguard.controller.loop import Controller
 from gpuguard.kube.rest import Json, KubeApi, KubeRejected
-from tests.support.cluster import install_crd, scratch_namespace, set_health, wait_for
+from tests.support.cluster import install_crd, set_health, wait_for
 from tests.support.controllers import Running, new_controller
 from tests.support.jobsystem import (
-    JobSystem,
     end_pod,
     example,
     finished_as,
@@ -35,14 +34,6 @@ from tests.support.jobsystem import (
 from tests.support.metrics import sample
 
 ACTIONS, EVICTIONS = "gpuguard_controller_actions_total", "gpuguard_controller_evictions_total"
-
-
-@pytest.fixture
-def jobs(api: KubeApi, job_system: JobSystem) -> Iterator[str]:
-    """A namespace for the test's Jobs; KWOK, not a stand-in thread, ends their pods."""
-    job_system.check_running()
-    with scratch_namespace(api) as name:
-        yield name
 
 
 @pytest.fixture
