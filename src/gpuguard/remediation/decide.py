@@ -16,7 +16,14 @@ from gpuguard.remediation.correlation import shared_causes
 from gpuguard.remediation.health import is_healthy, is_unhealthy
 from gpuguard.remediation.history import History
 from gpuguard.remediation.lifecycle import PlanBuilder
-from gpuguard.remediation.model import BreakerState, Episode, NodeObservation, Phase, Plan
+from gpuguard.remediation.model import (
+    BreakerState,
+    Episode,
+    NodeObservation,
+    Phase,
+    Plan,
+    Settled,
+)
 from gpuguard.remediation.policy import Policy
 
 
@@ -30,6 +37,7 @@ def decide(
     *,
     breaker_reset: bool = False,
     population: Mapping[str, int] | None = None,
+    settled: Mapping[str, Settled] | None = None,
 ) -> Plan:
     """Decide what to do now.
 
@@ -40,10 +48,31 @@ def decide(
     ``population`` (nodes per pool) lets a caller pass only the nodes that can need a
     decision (not healthy, or carrying our taint or cordon, or with an episode) and still
     size budgets and the breaker by the whole fleet; by default ``nodes`` is the fleet.
+
+    ``settled``: the previous plan's ``settled``. An episode found there with the same
+    observation and shared cause is held again without being advanced (a rack's held
+    nodes would otherwise be advanced on every call anywhere in the fleet); the plan
+    carries that very episode object, not a copy.
     """
     shared = shared_causes(nodes, policy.correlation)
     run = PlanBuilder(nodes, episodes, history, breaker, policy, now, population, shared)
-    work = {n: _copy(e) for n, e in sorted(episodes.items()) if e.phase is not Phase.CLOSED}
+    kept: dict[str, Settled] = {}
+    work: dict[str, Episode] = {}
+    for name, episode in sorted(episodes.items()):
+        if episode.phase is Phase.CLOSED:
+            continue
+        last = settled.get(name) if settled else None
+        if (
+            last is not None
+            and last.episode is episode
+            and last.policy is policy
+            and last.node == nodes.get(name)
+            and last.shared == shared.get(name, {})
+        ):
+            kept[name] = last
+            work[name] = episode
+        else:
+            work[name] = _copy(episode)
     opened_now: set[str] = set()
     # 1. Quarantine every newly unhealthy node: taints are never limited or paused.
     for name in sorted(nodes):
@@ -69,10 +98,16 @@ def decide(
     run.notes.extend(breaker_notes)
     # 3. Advance every open episode, in node order (budget slots go in that order).
     for name, episode in sorted(work.items()):
-        run.advance(episode, nodes.get(name), restore_taint=name not in opened_now)
+        observed = nodes.get(name)
+        if name in kept:
+            run.note(name, kept[name].note)
+            continue
+        run.advance(episode, observed, restore_taint=name not in opened_now)
+        if observed is not None and name in run.held and name not in run.decisions:
+            kept[name] = Settled(episode, observed, shared.get(name, {}), policy, run.held[name])
 
     decisions = [d for name in sorted(run.decisions) for d in run.decisions[name]]
-    return Plan(decisions, dict(sorted(work.items())), run.breaker, run.notes)
+    return Plan(decisions, dict(sorted(work.items())), run.breaker, run.notes, kept)
 
 
 def _opened_in_window(history: Sequence[Episode], policy: Policy, now: float) -> list[float]:

@@ -70,6 +70,7 @@ class PlanBuilder:
         self.ledger = BudgetLedger(nodes, episodes, policy.budget, population)
         self.decisions: dict[str, list[Decision]] = defaultdict(list)
         self.notes: list[str] = []
+        self.held: dict[str, str] = {}  # nodes held with no new step: the hold's note
 
     # -- writing ---------------------------------------------------------------------
 
@@ -359,8 +360,11 @@ class PlanBuilder:
 
     def hold(self, episode: Episode, node: NodeObservation, message: str, held: str) -> None:
         """Quarantined, no rung, for a reason outside the ladder: a step when it changes."""
-        self.note(node.name, f"held: {held}")
+        note = f"held: {held}"
+        self.note(node.name, note)
         repeated = bool(episode.steps) and episode.steps[-1].message == message
+        if repeated and episode.phase is Phase.QUARANTINED:  # no step: held as it was
+            self.held[node.name] = note
         self.settle(episode, message, changed=not repeated)
 
     def settle(self, episode: Episode, message: str, *, changed: bool) -> None:

@@ -16,6 +16,7 @@ from gpuguard.contract.remediation import Resolution as Resolution
 from gpuguard.contract.report import LayerReport
 from gpuguard.contract.verify import VerifyAnswer
 from gpuguard.model import Action
+from gpuguard.remediation.policy import Policy
 
 ACTIVE_PHASES = (Phase.DRAINING, Phase.ACTING, Phase.VERIFYING)  # count against the budget
 
@@ -142,6 +143,22 @@ class BreakerState:
     reset_at: float | None = None
 
 
+@dataclass(frozen=True)
+class Settled:
+    """An episode a call left as it was, held for a reason outside the ladder (a shared
+    cause, Karpenter's repair, a do-not-disrupt pod) with nothing to do: its input and its
+    note. Given the same episode, observation, shared cause and policy, the next call
+    holds it again whatever the time, breaker, budget or history (a hold reads none of
+    them, and the tests that led to it stay passed as time goes on), so ``decide`` skips it.
+    """
+
+    episode: Episode  # the very object (episodes are copied on every change)
+    node: NodeObservation
+    shared: dict[str, str]  # the node's layers with a shared cause
+    policy: Policy
+    note: str
+
+
 @dataclass
 class Plan:
     """What one call of the policy decided."""
@@ -150,3 +167,4 @@ class Plan:
     episodes: dict[str, Episode]
     breaker: BreakerState
     notes: list[str] = field(default_factory=list)  # budget/breaker explanations for events
+    settled: dict[str, Settled] = field(default_factory=dict)  # by node

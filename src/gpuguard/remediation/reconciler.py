@@ -31,6 +31,7 @@ from gpuguard.remediation.model import (
     NodeObservation,
     Phase,
     Plan,
+    Settled,
 )
 from gpuguard.remediation.policy import Policy
 
@@ -81,6 +82,7 @@ class Reconciler:
         self.held: dict[str, str] = {}
         self._pools: dict[str, str] = {}
         self._results: dict[tuple[str, float], ActionResult] = {}  # by episode
+        self._settled: dict[str, Settled] = {}  # the last plan's (decide skips them)
 
     # --- what the driver tells it -------------------------------------------------
     def load(
@@ -100,6 +102,7 @@ class Reconciler:
         self.episodes = {n: e for n, e in episodes.items() if n not in self.held}
         self.history = History(closed)
         self.breaker = breaker
+        self._settled = {}
         self.stale = False
 
     def track(self, name: str, observed: NodeObservation | None) -> bool:
@@ -165,6 +168,7 @@ class Reconciler:
             now,
             breaker_reset=breaker_reset,
             population=population,
+            settled=self._settled,
         )
         plan.decisions[:0] = [
             Decision(DecisionKind.TAINT, name, f"held: {self.held[name]}")
@@ -199,7 +203,9 @@ class Reconciler:
         self.breaker = plan.breaker
         if failed:
             self.stale = True  # what the cluster holds is now the truth
+            self._settled = {}
             return
+        self._settled = plan.settled
         closed = [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
         self.episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
         for episode in closed:
@@ -221,6 +227,11 @@ def next_deadline(
     timeout, the minimum action interval, or the breaker's window. Every timer
     ``lifecycle`` reads is here, next to it, so a driver never misses one."""
     candidates: list[float] = []
+    timeouts = {
+        Phase.DRAINING: policy.drain_timeout_s,
+        Phase.ACTING: policy.action_timeout_s,
+        Phase.VERIFYING: policy.verify_timeout_s,
+    }
     for name, node in observations.items():
         episode = episodes.get(name)
         opened = episode.opened_at if episode is not None else now
@@ -236,11 +247,7 @@ def next_deadline(
                     candidates.append(max(layer.since, opened) + wait)
         if episode is None:
             continue
-        timeout = {
-            Phase.DRAINING: policy.drain_timeout_s,
-            Phase.ACTING: policy.action_timeout_s,
-            Phase.VERIFYING: policy.verify_timeout_s,
-        }.get(episode.phase)
+        timeout = timeouts.get(episode.phase)
         if timeout is not None:
             candidates.append(episode.phase_since + timeout + PAST_S)
         if episode.phase is Phase.VERIFYING and policy.verify.applies_to(episode.rung):

@@ -129,7 +129,7 @@ class Verdict:
 
     layers: dict[str, LayerReport]
 
-    @property
+    @functools.cached_property  # read on every report; a verdict is shared by every node showing it
     def healthy(self) -> bool:
         return all(layer.status == "True" for layer in self.layers.values())
 

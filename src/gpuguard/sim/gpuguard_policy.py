@@ -137,7 +137,9 @@ class GpuguardPolicy:
         done = self.reconciler.reconcile(observations, now, self)
         if done.plan.breaker.open and not was_open:
             engine.stats.breaker_trips += 1
-        for name in observations:
+        # Only a decision changes what the attention set reads (taint, cordon, verify
+        # request); the other nodes' standing is as their last report left it.
+        for name in observations.keys() & {d.node for d in done.plan.decisions}:
             self._mark(engine.slots[self.by_name[name]])
         if done.deadline < math.inf:
             self._decide_at(done.deadline)
