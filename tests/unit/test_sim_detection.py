@@ -51,6 +51,7 @@ def _scenario(
     )
     data["detection"]["manual_response_h"] = 1000
     data["deep_checks"].update({"false_positive_probability": 0, **dict(deep)})
+    data["in_job"]["enabled"] = False  # the deep suite alone: test_sim_in_job.py has the rest
     return build_scenario(data, "test")
 
 

@@ -158,7 +158,12 @@ def test_json_has_the_documented_shape(capsys, tmp_path):
     assert set(data["targets"]["verdicts"].values()) <= {"met", "MISSED", "not settled"}
     assert data["trace_replay"] is None
     html = report.read_text()
-    assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 5
+    assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 6
+    for cls in ("fail_slow", "sdc"):
+        found = data["in_job"][cls]
+        parts = ("found_in_job", "found_by_deep_suite", "found_by_passive_telemetry", "missed")
+        assert sum(found[k] for k in parts) == found["faults"]
+    assert "with_vs_without" not in data["in_job"]
     assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # self-contained
     assert str(report.resolve()) in captured.err
 

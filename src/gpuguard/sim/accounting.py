@@ -25,6 +25,8 @@ class HiddenTimes:
 
     by_checks: float | None = None  # a deep run named it
     by_job: float | None = None  # a job's owners traced bad results to it
+    in_job: float | None = None  # a running job's ranks named it (``sim/in_job.py``)
+    passive: float | None = None  # the agent's clock sampling under load named it
     removed: float | None = None  # repaired or replaced away (not ended by itself)
 
 
@@ -35,6 +37,7 @@ class Stats:
     breaker_trips: int = 0
     dropped_faults: int = 0
     decide_calls: int = 0
+    false_verdicts: int = 0  # in-job verdicts naming a healthy GPU
     fault_times: dict[int, FaultTimes] = field(default_factory=dict)
     hidden: dict[int, HiddenTimes] = field(default_factory=dict)
     deep_runs: Counter[str] = field(default_factory=Counter)  # by trigger

@@ -34,6 +34,7 @@ from gpuguard.model import CheckResult, Layer, Outcome, Severity
 from gpuguard.remediation.health import as_policy_reads
 from gpuguard.runner import assess, inconclusive_result
 from gpuguard.sim.faults import GPU_BUS, Signal, gpu_bus_id
+from gpuguard.sim.in_job_findings import InJobFinding, in_job_result
 
 GPUS = 8
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
@@ -121,6 +122,7 @@ class NodeSignals:
     kernel: tuple[str, ...] = ()
     checked: tuple[tuple[Signal, int], ...] = ()  # (signal, GPU or NIC index), sorted
     deep: tuple[DeepFinding, ...] = ()  # the last deep run's measurement, sorted
+    in_job: tuple[InJobFinding, ...] = ()  # in-job verdicts and passive findings, sorted
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,8 @@ class AgentView:
 
     def _classify(self, signals: NodeSignals) -> Verdict:
         deep = [self.deep_run(signals.deep).result] if signals.deep else []
+        if signals.in_job:
+            deep.append(in_job_result(signals.in_job))
         kernel = classify_log("\n".join(signals.kernel))
         gpu, network = self._checked_results(signals.checked)
         results = [*deep, CheckResult("kernel-log", Layer.KERNEL, Outcome.OK, kernel), gpu, network]

@@ -42,6 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--nodes", type=int, metavar="N", help="fleet size (GPU-node slots)")
     parser.add_argument("--days", type=float, metavar="N", help="simulated days")
+    parser.add_argument(
+        "--no-in-job",
+        action="store_true",
+        help="turn the in-job detection path off (scenario in_job.enabled: false)",
+    )
+    parser.add_argument(
+        "--compare-in-job",
+        action="store_true",
+        help="also run gpuguard without the in-job path, side by side",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--html", type=Path, metavar="PATH", help="write the HTML report here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -10,7 +10,7 @@ import time
 from gpuguard.errors import ConfigError
 from gpuguard.sim.html import render
 from gpuguard.sim.report import report_data, table
-from gpuguard.sim.run import remediation_policy, simulate
+from gpuguard.sim.run import POLICIES, WITHOUT_IN_JOB, remediation_policy, simulate
 from gpuguard.sim.scenario import load_scenario
 from gpuguard.sim.trace import load_trace
 
@@ -36,14 +36,24 @@ def run_simulate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario).with_overrides(
         seed=args.seed, days=args.days, nodes=args.nodes
     )
+    if args.no_in_job:
+        scenario = scenario.with_in_job(False)
     policy = remediation_policy(scenario, args.policy_file)
+    policies = (*POLICIES, WITHOUT_IN_JOB) if args.compare_in_job else POLICIES
     trace = load_trace(args.trace) if args.trace is not None else None
     show = not args.no_progress and sys.stderr.isatty()
     progress = _Progress() if show else None
-    simulation = simulate(scenario, policy, progress=progress, seeds=args.seeds)
+    simulation = simulate(scenario, policy, policies=policies, progress=progress, seeds=args.seeds)
     replay = None
     if trace is not None:
-        replay = simulate(scenario, policy, progress=progress, seeds=args.trace_seeds, trace=trace)
+        replay = simulate(
+            scenario,
+            policy,
+            policies=policies,
+            progress=progress,
+            seeds=args.trace_seeds,
+            trace=trace,
+        )
     if args.json:
         data = report_data(simulation)
         data["trace_replay"] = report_data(replay) if replay is not None else None

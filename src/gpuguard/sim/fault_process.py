@@ -7,6 +7,7 @@ that was repaired or replaced away before one of its signals comes due shows not
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpuguard.sim.accounting import FaultTimes, HiddenTimes
@@ -30,6 +31,7 @@ class FaultProcess:
         self._driver = world.driver
         self._detection = world.scenario.detection
         self._slots = world.slots
+        self.on_start: Callable[[Slot, Fault], None] | None = None  # a fault began on a node
 
     def start(self, fault: Fault) -> None:
         slot = self._slots[fault.slot]
@@ -59,6 +61,8 @@ class FaultProcess:
             at(fault.end, self._end, slot, fault)
         self._world.scheduler.hit(slot, fault)
         self._world.fleet.refresh(slot)
+        if self.on_start is not None:
+            self.on_start(slot, fault)
 
     @staticmethod
     def is_current(slot: Slot, fault: Fault) -> bool:
@@ -126,6 +130,7 @@ class FaultProcess:
             tuple(sorted({line for _, line, _, _ in slot.kernel})),
             tuple(sorted(slot.checked.values())),
             slot.deep,
+            slot.in_job,
         )
 
     @staticmethod

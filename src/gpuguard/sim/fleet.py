@@ -15,6 +15,7 @@ import numpy as np
 
 from gpuguard.sim.agent_view import DeepFinding
 from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix
+from gpuguard.sim.in_job_findings import InJobFinding
 from gpuguard.sim.jobs import Job
 from gpuguard.sli import in_service
 
@@ -39,6 +40,7 @@ class Slot:
     testing: bool = False  # the deep suite is loading every GPU
     test_ends: float = 0.0  # when the current deep run ends (a job placed meanwhile waits)
     deep: tuple[DeepFinding, ...] = ()  # what the last deep run found (in the GPU layer)
+    in_job: tuple[InJobFinding, ...] = ()  # in-job verdicts and passive findings (in_job.py)
     notready: bool = False
     tainted: bool = False
     cordoned: bool = False
@@ -224,6 +226,7 @@ class Fleet:
         slot.testing = False
         slot.test_ends = now
         slot.deep = ()
+        slot.in_job = ()
         slot.faults.clear()
         slot.kernel.clear()
         slot.checked.clear()

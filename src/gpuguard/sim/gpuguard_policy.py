@@ -29,6 +29,7 @@ from gpuguard.sim.agent_view import Verdict
 from gpuguard.sim.deep_suite import DeepSuite
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import GPU_BUS
+from gpuguard.sim.in_job import InJobPath
 
 K = DecisionKind
 _GPU_INDEX = {f"0000:{bus}:00.0": index for index, bus in enumerate(GPU_BUS)}
@@ -60,6 +61,8 @@ class GpuguardPolicy:
         self.false_counted: set[tuple[str, float]] = set()
         self.pending: set[float] = set()
         self.deep = DeepSuite(engine, self.signals_changed)
+        enabled = engine.scenario.in_job.enabled
+        self.in_job = InJobPath(engine, self.signals_changed) if enabled else None
 
     # -- what the agent reports -------------------------------------------------------
 

@@ -6,12 +6,19 @@ import html
 import math
 from collections.abc import Sequence
 
+from gpuguard.sim import in_job_report
 from gpuguard.sim.report import table
 from gpuguard.sim.results import GPU_HOUR_KINDS, SIZE_CLASSES
-from gpuguard.sim.run import Simulation
+from gpuguard.sim.run import WITHOUT_IN_JOB, Simulation
 
-COLOURS = {"none": "#8c8c8c", "reactive": "#d9822b", "gpuguard": "#2b6cb0"}
+COLOURS = {
+    "none": "#8c8c8c",
+    "reactive": "#d9822b",
+    "gpuguard": "#2b6cb0",
+    "gpuguard-no-in-job": "#90cdf4",
+}
 KIND_COLOURS = ("#2f855a", "#c53030", "#dd6b20", "#805ad5", "#d69e2e", "#718096", "#e2e8f0")
+FOUND_COLOURS = ("#2b6cb0", "#805ad5", "#d69e2e", "#c53030")
 OUTCOME_COLOURS = {"succeeded": "#2f855a", "failed": "#c53030", "unfinished": "#cbd5e0"}
 W, H, LEFT, RIGHT, TOP, BOTTOM = 720, 300, 70, 130, 20, 40
 
@@ -83,18 +90,22 @@ def availability_plot(simulation: Simulation) -> str:
 
 
 def _stacked(
-    rows: list[tuple[str, list[float]]], labels: Sequence[str], colours: Sequence[str], title: str
+    rows: list[tuple[str, list[float]]],
+    labels: Sequence[str],
+    colours: Sequence[str],
+    title: str,
+    left: int = LEFT,
 ) -> str:
     """One 100 % bar per row, segments in ``labels`` order."""
     bar_h, gap = 28, 16
     height = TOP + len(rows) * (bar_h + gap) + 30
-    plot_w = W - LEFT - RIGHT
+    plot_w = W - left - RIGHT
     body = []
     for i, (name, parts) in enumerate(rows):
         y = TOP + i * (bar_h + gap)
-        body.append(_text(LEFT - 6, y + bar_h / 2 + 4, name, "end"))
+        body.append(_text(left - 6, y + bar_h / 2 + 4, name, "end"))
         total = sum(parts) or 1.0
-        x = float(LEFT)
+        x = float(left)
         for part, colour, label in zip(parts, colours, labels, strict=True):
             width = plot_w * part / total
             if width <= 0:
@@ -115,6 +126,19 @@ def gpu_hours_plot(simulation: Simulation) -> str:
     ]
     labels = [k.replace("_", " ") for k in GPU_HOUR_KINDS]
     return _stacked(rows, labels, KIND_COLOURS, "Where the GPU-hours went")
+
+
+def found_plot(simulation: Simulation) -> str:
+    """Persistent fail-slow and SDC GPUs by the path that named them, pooled over seeds."""
+    rows = []
+    for name in (n for n in ("gpuguard", WITHOUT_IN_JOB) if n in simulation.results):
+        results = [simulation.results[name], *(run[name] for run in simulation.runs)]
+        for cls, label in in_job_report.CLASSES:
+            found = in_job_report.pooled(results, cls)
+            parts = [found.in_job, found.deep_suite, found.passive, found.missed]
+            rows.append((f"{name}: {label}", [float(p) for p in parts]))
+    labels = ("in job", "deep suite", "passive", "missed")
+    return _stacked(rows, labels, FOUND_COLOURS, "Who found the hidden faults", left=250)
 
 
 def outcomes_plot(simulation: Simulation) -> str:
@@ -244,6 +268,10 @@ def _sections(simulation: Simulation) -> list[tuple[str, str]]:
         ("Job outcomes per policy (first seed)", outcomes_plot(simulation)),
         ("Time to repair (share of faults back in service, first seed)", repair_plot(simulation)),
         ("Where the GPU-hours went (first seed)", gpu_hours_plot(simulation)),
+        (
+            "Persistent fail-slow and SDC GPUs: who named them (all seeds)",
+            found_plot(simulation),
+        ),
     ]
 
 

@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Callable
 
+from gpuguard.sim import in_job_report
 from gpuguard.sim.results import SIZE_CLASSES, PolicyResult
 from gpuguard.sim.run import Simulation
 from gpuguard.sim.sweep import METRICS, Interval
@@ -60,6 +61,7 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             "  removed (repaired or replaced): SDC / fail-slow",
             lambda r: f"{r.hidden_faults['sdc'].removed} / {r.hidden_faults['fail_slow'].removed}",
         ),
+        *in_job_report.rows(),
         (
             "deep-suite runs: scheduled / verify (failed)",
             lambda r: "{} / {} ({})".format(
@@ -174,7 +176,11 @@ def table(simulation: Simulation) -> str:
     rows = [("", names)] + [
         (label, [value(simulation.results[n]) for n in names]) for label, value in _rows()
     ]
-    return "\n".join(header + _grid(rows) + ["", *targets(simulation)])
+    lines = header + _grid(rows) + ["", *targets(simulation)]
+    in_job = in_job_report.lines(simulation)
+    if in_job:
+        lines += ["", *in_job]
+    return "\n".join(lines)
 
 
 TARGETS = (
@@ -333,6 +339,7 @@ def report_data(simulation: Simulation) -> dict[str, object]:
             "faults": len(trace.records),
             "as_recorded": {"availability": trace.recorded_availability()},
         },
+        "in_job": in_job_report.goals(simulation) if "gpuguard" in simulation.results else None,
         "targets": {
             "gpu_node_availability": TARGET_AVAILABILITY,
             "job_success_rate": TARGET_JOB_SUCCESS,

@@ -6,8 +6,8 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from gpuguard.sim.engine import BIN_S, Engine, FaultTimes
-from gpuguard.sim.faults import HIDDEN_CLASSES, HOUR
+from gpuguard.sim.engine import BIN_S, Engine, FaultTimes, HiddenTimes
+from gpuguard.sim.faults import HIDDEN_CLASSES, HOUR, Fault, Fix
 from gpuguard.sim.jobs import Job, JobState
 from gpuguard.sli import job_success_rate, ratio
 
@@ -100,6 +100,7 @@ class PolicyResult:
     deep_runs: dict[str, int]
     # Node-hours from each disabling fault's start to back in service (or the run's end).
     repair_node_hours_by_class: dict[str, float]
+    false_verdicts_per_node_day: float = 0.0  # in-job verdicts naming a healthy GPU
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -129,6 +130,7 @@ class PolicyResult:
             "hidden_faults": {k: v.to_dict() for k, v in self.hidden_faults.items()},
             "deep_suite_runs": self.deep_runs,
             "repair_node_hours_by_class": self.repair_node_hours_by_class,
+            "in_job_false_verdicts_per_node_day": self.false_verdicts_per_node_day,
         }
 
 
@@ -150,6 +152,41 @@ class SizeOutcome:
 
 
 @dataclass
+class FoundBy:
+    """Persistent hidden faults by the platform path that named each first; ``missed``:
+    none did (``removed_unnamed`` of them went with a repair for another fault). Time to
+    detect is from onset, for faults that began during the run (those a fleet carries at
+    the start have no known onset)."""
+
+    in_job: int
+    deep_suite: int
+    passive: int
+    missed: int
+    removed_unnamed: int
+    time_to_detect_h: Distribution
+
+    @property
+    def faults(self) -> int:
+        return self.in_job + self.deep_suite + self.passive + self.missed
+
+    @property
+    def found_share(self) -> float | None:
+        return (self.faults - self.missed) / self.faults if self.faults else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "faults": self.faults,
+            "found_in_job": self.in_job,
+            "found_by_deep_suite": self.deep_suite,
+            "found_by_passive_telemetry": self.passive,
+            "missed": self.missed,
+            "missed_but_removed_for_another_fault": self.removed_unnamed,
+            "found_share": self.found_share,
+            "time_to_detect_hours": self.time_to_detect_h.to_dict(),
+        }
+
+
+@dataclass
 class HiddenFaults:
     """SDC or fail-slow faults of one run: how many, who found them, how many were fixed."""
 
@@ -159,6 +196,9 @@ class HiddenFaults:
     removed: int
     time_to_find_h: Distribution  # by the platform's checks
     time_to_remove_h: Distribution  # until repaired or replaced away
+    # The faults that stay until repaired (every SDC; fail-slow without the transient ones),
+    # by the path that named each first (``sim/in_job.py``, ``sim/deep_suite.py``).
+    persistent: FoundBy
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -168,6 +208,7 @@ class HiddenFaults:
             "removed": self.removed,
             "time_to_find_by_checks_hours": self.time_to_find_h.to_dict(),
             "time_to_remove_hours": self.time_to_remove_h.to_dict(),
+            "persistent": self.persistent.to_dict(),
         }
 
 
@@ -250,6 +291,7 @@ def summarise(engine: Engine) -> PolicyResult:
         hidden_faults=_hidden(engine),
         deep_runs=dict(sorted(stats.deep_runs.items())),
         repair_node_hours_by_class=_repair_by_class(engine),
+        false_verdicts_per_node_day=stats.false_verdicts / (nodes * scenario.days),
     )
 
 
@@ -296,8 +338,37 @@ def _hidden(engine: Engine) -> dict[str, HiddenFaults]:
             time_to_remove_h=Distribution.of(
                 [(t.removed - start) / HOUR for t, start in times if t.removed is not None]
             ),
+            persistent=_found_by(
+                [(t, by_id[i]) for i, t in engine.stats.hidden.items() if by_id[i].cls == cls]
+            ),
         )
     return result
+
+
+def _found_by(faults: list[tuple[HiddenTimes, Fault]]) -> FoundBy:
+    paths = {"in_job": 0, "by_checks": 0, "passive": 0}
+    detect: list[float] = []
+    missed = removed_unnamed = 0
+    for times, fault in faults:
+        if fault.fix is Fix.SELF:
+            continue  # a transient slowdown: not the goal's
+        seen = {path: getattr(times, path) for path in paths if getattr(times, path) is not None}
+        if not seen:
+            missed += 1
+            removed_unnamed += times.removed is not None
+            continue
+        first = min(seen, key=seen.__getitem__)
+        paths[first] += 1
+        if fault.start > 0:
+            detect.append((seen[first] - fault.start) / HOUR)
+    return FoundBy(
+        paths["in_job"],
+        paths["by_checks"],
+        paths["passive"],
+        missed,
+        removed_unnamed,
+        Distribution.of(detect),
+    )
 
 
 def _with_start(engine: Engine) -> list[tuple[FaultTimes, float]]:

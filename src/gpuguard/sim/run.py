@@ -21,6 +21,8 @@ from gpuguard.sim.sweep import Interval, intervals
 from gpuguard.sim.trace import Trace
 
 POLICIES = ("none", "reactive", "gpuguard")
+# gpuguard on the same failures and jobs with the in-job path off: what the path gains.
+WITHOUT_IN_JOB = "gpuguard-no-in-job"
 
 
 @dataclass
@@ -93,7 +95,9 @@ def _one_seed(
     for name in policies:
         label = f"{name} s{scenario.seed}"
         report = (lambda f, n=label: progress(n, f)) if progress is not None else None
-        results[name] = _run(scenario, faults, workload, _driver(name, policy), view, report)
+        run_scenario = scenario.with_in_job(False) if name == WITHOUT_IN_JOB else scenario
+        driver = _driver(name, policy)
+        results[name] = _run(run_scenario, faults, workload, driver, view, report)
     return results
 
 
@@ -119,6 +123,9 @@ def _driver(name: str, policy: Policy) -> Driver:
         return NoPolicy()
     if name == "reactive":
         return ReactivePolicy()
-    if name == "gpuguard":
-        return GpuguardPolicy(policy)
-    raise ValueError(f"unknown policy {name!r} (policies: {', '.join(POLICIES)})")
+    if name in ("gpuguard", WITHOUT_IN_JOB):
+        driver = GpuguardPolicy(policy)
+        driver.name = name
+        return driver
+    known = ", ".join((*POLICIES, WITHOUT_IN_JOB))
+    raise ValueError(f"unknown policy {name!r} (policies: {known})")

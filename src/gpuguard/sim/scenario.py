@@ -155,6 +155,46 @@ class DeepChecks(_Strict):
     )
 
 
+class InJob(_Strict):
+    """Detection inside running jobs (gpuguard run only): the training-side step telemetry
+    and replica fingerprints, and the agent's passive NVML sampling under load."""
+
+    enabled: bool = Field(default=True, description="The in-job path runs (false: deep suite only)")
+    adoption: Share = Field(
+        default=1.0, description="Share of jobs launched with the training-side telemetry"
+    )
+    ranks_per_node: int = Field(
+        default=8, ge=1, description="A job's processes per node (one per GPU, as torchrun)"
+    )
+    gpus_per_replica: int = Field(
+        default=8, ge=1, description="GPUs that hold one data-parallel replica (TP x PP)"
+    )
+    step_s: Positive = Field(default=5.0, description="A training step at full speed")
+    window_steps: int = Field(default=10, ge=1, description="Steps between per-rank exchanges")
+    persistence_windows: int = Field(
+        default=3, ge=1, description="Consecutive slow windows before a rank is named"
+    )
+    ratio: float = Field(default=1.10, gt=1, description="Compute time over peers' median")
+    fingerprint_steps: int = Field(default=50, ge=1, description="Steps between fingerprints")
+    mismatch_rounds: int = Field(
+        default=2, ge=1, description="Consecutive differing rounds before a replica is named"
+    )
+    sdc_parameter_share: Share = Field(
+        default=0.5,
+        description="Share of corrupting GPUs whose errors reach their replica's parameters",
+    )
+    verdict_ttl_s: Positive = Field(
+        default=900.0, description="A verdict lapses this long after its job left the node"
+    )
+    false_verdicts_per_node_day: NonNegative = Field(
+        default=0.0, description="Healthy ranks named slow, per node-day of running jobs"
+    )
+    passive: bool = Field(default=True, description="The agent compares clocks under load")
+    passive_window_s: NonNegative = Field(
+        default=120.0, description="A GPU clocked below its siblings this long is named"
+    )
+
+
 class Actions(_Strict):
     drain_min: NonNegative = 1.5
     gpu_reset_s: Positive = 70.0
@@ -214,6 +254,7 @@ class Scenario(_Strict):
     failures: Failures = Failures()
     detection: Detection = Detection()
     deep_checks: DeepChecks = DeepChecks()
+    in_job: InJob = InJob()
     actions: Actions = Actions()
     jobs: Jobs = Jobs()
     gpuguard_policy: dict[str, Any] = Field(
@@ -241,12 +282,19 @@ class Scenario(_Strict):
                 data[key] = value
         return build_scenario(data, origin="command line")
 
+    def with_in_job(self, enabled: bool) -> Scenario:
+        """A copy with the in-job path on or off (``--no-in-job``, the side-by-side run)."""
+        return self.model_copy(
+            update={"in_job": self.in_job.model_copy(update={"enabled": enabled})}
+        )
+
 
 _SECTIONS: dict[str, type[BaseModel]] = {
     "fleet": Fleet,
     "failures": Failures,
     "detection": Detection,
     "deep_checks": DeepChecks,
+    "in_job": InJob,
     "actions": Actions,
     "jobs": Jobs,
 }

@@ -12,6 +12,7 @@ before it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpuguard.sim.events import Event
@@ -46,7 +47,10 @@ class Scheduler:
         self.smallest_job = min(size.nodes for size in scenario.jobs.mix)
         self.speed_factor = effective_speed(scenario.jobs)
         self._scheduling = False
-        self._armed_sdc: set[tuple[int, int]] = set()  # (fault, job)
+        # (fault, job) -> the owners' trace, when the job first computed there, its work then
+        self._armed_sdc: dict[tuple[int, int], tuple[Event, float, float]] = {}
+        self.on_running: Callable[[Job], None] | None = None  # a job's stretch began
+        self.on_released: Callable[[Job], None] | None = None  # it left its nodes
         self._timers: dict[int, tuple[Event, ...]] = {}  # by job id: the current stretch's
 
     def arrive(self, job: Job) -> None:
@@ -116,6 +120,8 @@ class Scheduler:
             for fault in self._slots[index].faults.values():
                 if fault.effect is Effect.SILENT:
                     self._arm_sdc(fault, job)
+        if self.on_running is not None:
+            self.on_running(job)
 
     def _release(self, job: Job) -> None:
         refresh = self._world.fleet.refresh
@@ -124,6 +130,8 @@ class Scheduler:
             if slot.job is job:
                 slot.job = None
                 refresh(slot)
+        if self.on_released is not None:
+            self.on_released(job)
         job.slots = []
 
     # -- running ----------------------------------------------------------------------
@@ -193,10 +201,26 @@ class Scheduler:
         """The job computes on a corrupting GPU; its owners find out some time later."""
         if (fault.id, job.id) in self._armed_sdc:
             return
-        self._armed_sdc.add((fault.id, job.id))
         now = self._events.now
         found = now + self._detection.sdc_detection_h * HOUR
-        self._events.at(found, self._sdc_found, fault, job, now, job.progress_at(now))
+        good = job.progress_at(now)
+        event = self._events.at(found, self._sdc_found, fault, job, now, good)
+        self._armed_sdc[fault.id, job.id] = (event, now, good)
+
+    def sdc_caught(self, fault: Fault, job: Job) -> None:
+        """The job's own replica check named the corrupting GPU: it stops and resumes from
+        its last checkpoint before the corruption now, not when its owners would have
+        traced the bad results (``sim/in_job.py``)."""
+        armed = self._armed_sdc.get((fault.id, job.id))
+        if armed is None:
+            return
+        event, corrupted_at, good_h = armed
+        self._events.cancel(event)
+        if job.state is JobState.RUNNING:
+            self.interrupt(job, cause="platform", fault=fault, rollback_to=corrupted_at)
+        if job.saved_h > good_h:  # it computed there in an earlier stretch
+            job.lost_h += job.saved_h - good_h
+            job.saved_h = good_h
 
     def _sdc_found(self, fault: Fault, job: Job, corrupted_at: float, good_h: float) -> None:
         """Bad results traced to the node: the work since the corruption is lost wherever
