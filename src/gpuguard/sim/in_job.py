@@ -80,8 +80,9 @@ class InJobPath:
         slots = self.engine.slots
         for index in job.slots:
             slot = slots[index]
-            for fault in list(slot.faults.values()):
-                self._watch(slot, fault, job, onset=False)
+            if slot.faults:  # most nodes have none: skip them cheaply
+                for fault in list(slot.faults.values()):
+                    self._watch(slot, fault, job, onset=False)
 
     def _watch(self, slot: Slot, fault: Fault, job: Job, *, onset: bool) -> None:
         """Schedule the verdict a fault will get from this job's stretch, if any. ``onset``:
@@ -143,7 +144,7 @@ class InJobPath:
             return
         self._note(fault, "passive")
         # The throttle reason is the evidence: the finding lasts while it does.
-        self._raise(slot, (LOAD_CLOCK, fault.id), InJobFinding(LOAD_CLOCK, fault.gpu, True), None)
+        self._raise(slot, (LOAD_CLOCK, fault.id), InJobFinding(LOAD_CLOCK, fault.gpu, True), job)
         self._withdraw_at_end(slot, fault, (LOAD_CLOCK, fault.id))
 
     def _note(self, fault: Fault, path: str) -> None:
@@ -151,13 +152,12 @@ class InJobPath:
         if times is not None and getattr(times, path) is None:
             setattr(times, path, self.engine.now)
 
-    def _raise(self, slot: Slot, key: Key, finding: InJobFinding, job: Job | None) -> None:
+    def _raise(self, slot: Slot, key: Key, finding: InJobFinding, job: Job) -> None:
         mine = self.findings.setdefault(slot.index, {})
         if any(machine != slot.machine for _, _, machine in mine.values()):
             mine.clear()  # left from the machine the slot had before
-        mine[key] = (finding, -1 if job is None else job.id, slot.machine)
-        if job is not None:
-            self.by_job[job.id].add(slot.index)
+        mine[key] = (finding, job.id, slot.machine)
+        self.by_job[job.id].add(slot.index)
         self._publish(slot)
 
     def _drop(self, slot: Slot, key: Key, machine: int | None) -> None:
@@ -209,7 +209,7 @@ class InJobPath:
         for index in accused:
             slot = slots[index]
             for key, (_, owner, machine) in list(self.findings.get(index, {}).items()):
-                if owner == job.id:
+                if owner == job.id and key[0] != LOAD_CLOCK:  # a job's verdicts, not NVML's
                     self.engine.at(lapse, self._lapse, slot, key, machine, job)
             self.engine.at(self.engine.now, self.report, slot)
 
