@@ -14,6 +14,7 @@ import json
 import pytest
 
 from gpuguard.cli import main
+from gpuguard.config import LoadClocks
 from gpuguard.remediation.policy import Policy
 from gpuguard.sim.agent_view import AgentView
 from gpuguard.sim.engine import Engine
@@ -38,19 +39,21 @@ def _one_job_scenario(nodes: int, **in_job: object) -> Scenario:
     return build_scenario(data, "test")
 
 
-def _fault(cls: str, slowdown: float = 0.5, signal: Signal = Signal.NOTHING) -> Fault:
+def _fault(
+    cls: str, slowdown: float = 0.5, signal: Signal = Signal.NOTHING, end_h: float = 10.0
+) -> Fault:
     effect = Effect.SILENT if cls == "sdc" else Effect.SLOW
-    end = 10 * HOUR if signal is Signal.POWER_BRAKE else None
+    end = end_h * HOUR if signal is Signal.POWER_BRAKE else None
     fix = Fix.SELF if end is not None else Fix.REPLACE
     return Fault(0, 0, cls, 0.0, fix, effect, signal, 3, end, slowdown, False, 0.5)
 
 
 def _one_job(
-    nodes: int, fault: Fault, *, run_h: float = 6.0, **in_job: object
+    nodes: int, fault: Fault, *, run_h: float = 6.0, work_h: float = 20.0, **in_job: object
 ) -> tuple[Engine, Job]:
     """One job of ``nodes`` nodes from t=0 on a fleet whose first node has ``fault``."""
     scenario = _one_job_scenario(nodes, **in_job)
-    job = Job(id=0, nodes=nodes, work_h=20.0, arrival=0.0)
+    job = Job(id=0, nodes=nodes, work_h=work_h, arrival=0.0)
     engine = Engine(scenario, [fault], [job], GpuguardPolicy(Policy()), AgentView(), seed=1)
     engine.horizon = run_h * HOUR
     engine.run()
@@ -67,7 +70,7 @@ def test_a_slow_rank_is_named_after_persistence_windows_of_its_slowed_steps():
     # The job steps at its slowest rank's pace, so its windows last twice as long.
     delay = config.persistence_windows * config.window_steps * config.step_s / 0.5
     assert engine.stats.hidden[0].in_job == pytest.approx(_ready_s(engine) + delay)
-    longer, _ = _one_job(4, _fault("fail_slow", slowdown=0.5), window_steps=40)
+    longer, _ = _one_job(4, _fault("fail_slow", slowdown=0.5), window_steps=4 * config.window_steps)
     assert longer.stats.hidden[0].in_job == pytest.approx(_ready_s(engine) + 4 * delay)
 
 
@@ -80,6 +83,26 @@ def test_the_deferred_repair_waits_for_the_next_checkpoint_then_replaces_the_nod
     # Drained at its checkpoint: it redoes no more than seconds of work, not an interval's.
     assert job.interruptions == 1 and job.lost_h * HOUR < 60
     assert engine.stats.false_drains == 0
+
+
+def test_a_verdict_stands_when_its_job_ends_and_the_node_is_repaired_then():
+    engine, job = _one_job(4, _fault("fail_slow", slowdown=0.5), work_h=0.4)
+    named, removed = engine.stats.hidden[0].in_job, engine.stats.hidden[0].removed
+    checkpoint = _ready_s(engine) + engine.scenario.jobs.checkpoint_interval_min * 60.0
+    assert job.ended_at is not None and named is not None and named < job.ended_at < checkpoint
+    # The pods are gone, so the deferred repair need wait for nothing: the node is
+    # replaced soon after the job's end, the slow GPU with it.
+    assert removed is not None and job.ended_at <= removed < job.ended_at + 600
+    assert engine.stats.actions["replace"] == 1
+
+
+def test_a_rank_that_recovers_withdraws_its_verdict_before_any_repair():
+    brief = _fault("fail_slow", slowdown=0.5, signal=Signal.POWER_BRAKE, end_h=0.5)
+    engine, _ = _one_job(4, brief)
+    assert engine.stats.hidden[0].in_job is not None
+    assert engine.stats.hidden[0].passive is not None
+    # Both waited (deferred) while the job ran, and went when the GPU recovered.
+    assert engine.stats.actions == {} and engine.stats.false_drains == 0
 
 
 def test_a_slowdown_within_the_ratio_is_not_told_apart_from_jitter():
@@ -103,8 +126,11 @@ def test_replica_agreement_needs_a_strict_majority_of_three_replicas():
     assert two.stats.hidden[0].in_job is None
     assert single.stats.hidden[0].in_job is None
     config = three.scenario.in_job
-    delay = config.mismatch_rounds * config.fingerprint_steps * config.step_s
-    assert three.stats.hidden[0].in_job == pytest.approx(_ready_s(three) + delay)
+    # The round after the first corrupted update, then the re-check.
+    named = three.stats.hidden[0].in_job
+    assert named is not None
+    waited = (named - _ready_s(three)) / config.step_s
+    assert config.recheck_steps <= waited <= config.fingerprint_steps + config.recheck_steps
 
 
 def test_a_replica_mismatch_is_repaired_at_once_and_the_job_resumes_from_before_it():
@@ -141,8 +167,13 @@ def test_jobs_without_the_telemetry_and_idle_nodes_are_left_to_the_deep_suite():
 def test_the_agent_names_a_throttled_gpu_under_load_after_its_window():
     brake = _fault("fail_slow", slowdown=0.7, signal=Signal.POWER_BRAKE)
     engine, _ = _one_job(4, brake)
-    window = engine.scenario.in_job.passive_window_s
-    assert engine.stats.hidden[0].passive == pytest.approx(_ready_s(engine) + window)
+    # The agent's load-clocks window: min_samples loaded samples a check round apart,
+    # from the fault's phase within the first.
+    rounds = LoadClocks().min_samples - 1 + brake.check_phase
+    check_s = engine.scenario.detection.check_interval_s
+    assert engine.stats.hidden[0].passive == pytest.approx(_ready_s(engine) + rounds * check_s)
+    within, _ = _one_job(4, _fault("fail_slow", 0.95, Signal.POWER_BRAKE))
+    assert within.stats.hidden[0].passive is None  # within the clocks' tolerance
     off, _ = _one_job(4, _fault("fail_slow", 0.7, Signal.POWER_BRAKE), passive=False)
     assert off.stats.hidden[0].passive is None
 

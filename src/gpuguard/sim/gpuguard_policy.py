@@ -98,6 +98,8 @@ class GpuguardPolicy:
 
     def action_done(self, slot: Slot, what: str, succeeded: bool) -> None:
         engine = self.engine
+        if self.in_job is not None:
+            self.in_job.repaired(slot)
         episode = self.reconciler.episodes.get(slot.name)
         if episode is not None and episode.phase is Phase.ACTING and episode.rung is not None:
             result = ActionResult(episode.attempt, episode.rung, succeeded, engine.now)

@@ -1,19 +1,20 @@
 """Detection inside running jobs, for the gpuguard run: what the training-side telemetry
-and the agent's passive sampling under load find, and when.
+and the agent's clock sampling under load find, and when.
 
-As ``gpuguard.training`` does in a real job (issue 17): each rank times its compute per
-step, every ``window_steps`` the ranks exchange their medians, and a rank above its peers'
-median by ``ratio`` for ``persistence_windows`` windows in a row is named (a FAIL_SLOW
-verdict on its node); it withdraws the verdict when it recovers. Every
-``fingerprint_steps`` the replicas compare parameter fingerprints, and one that differs
-from the majority on ``mismatch_rounds`` rounds is named (REPLICA_MISMATCH): that needs a
-strict majority, three replicas or more. A verdict lapses ``verdict_ttl_s`` after its job
-left the node. The agent also samples NVML under load: a GPU clocked below its siblings
-with a throttle reason (a power-brake fail-slow) on a busy node is named after
-``passive_window_s``. The findings are ``in_job_findings``'s; the real policy decides.
+As ``gpuguard.training`` does in a real job: each rank times its compute per step, every
+``window_steps`` the ranks exchange their records, and a rank whose compute is above its
+peers' median by ``ratio`` for ``persistence_windows`` windows in a row is named (a
+FAIL_SLOW verdict on its node; the judge needs three ranks); it withdraws the verdict after
+as many windows back within the ratio. Every ``fingerprint_steps`` the replicas compare
+parameter fingerprints, and one outside a strict majority (three replicas or more) that is
+odd again ``recheck_steps`` later is named (REPLICA_MISMATCH), for good. As the agent
+does, a verdict stands when its job ends (the GPU did not recover) until a repair of the
+node forgets it. The agent's ``load-clocks`` check samples busy GPUs every check round and
+names one whose SM clock is below its siblings' by its ``tolerance`` in most of a window of
+``min_samples`` loaded samples: here a power-brake fail-slow on a node running a job.
 
-Cheap by construction: work is done per fault onset, per job start and end and per
-verdict, never per controller pass.
+Cheap by construction: work is done per fault onset, job start and end, verdict and
+repair, never per controller pass. The findings are the real checks' (``in_job_findings``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpuguard.config import LoadClocks
 from gpuguard.sim.agent_view import GPUS
 from gpuguard.sim.faults import DAY, Effect, Fault, Signal
 from gpuguard.sim.fleet import Slot
@@ -35,7 +37,9 @@ if TYPE_CHECKING:
     from gpuguard.sim.engine import Engine
 
 GOLDEN = 0.6180339887498949  # a low-discrepancy draw per job id, the same in every run
-Key = tuple[str, int]  # (code, fault id; a false verdict's own negative number)
+MIN_RANKS = 3  # "of two ranks apart, neither is the odd one out" (training/straggler.py)
+AGENT_CLOCKS = LoadClocks()  # the agent's load-clocks defaults
+Key = tuple[str, int]  # (kind, fault id; a false verdict's own negative number)
 
 
 class InJobPath:
@@ -43,6 +47,7 @@ class InJobPath:
         """``report``: the agent's fresh report after a finding came or went."""
         self.engine = engine
         self.config = config = engine.scenario.in_job
+        self.check_s = engine.scenario.detection.check_interval_s
         self.report = report
         self.rng = np.random.default_rng([engine.scenario.seed, 4])
         self.adoption_offset = float(self.rng.random())
@@ -50,7 +55,7 @@ class InJobPath:
         silent = [f.id for f in engine.faults if f.effect is Effect.SILENT]
         draws = self.rng.random(len(silent)) < config.sdc_parameter_share
         self.reaches = dict(zip(silent, draws.tolist(), strict=True))
-        # Each slot's findings: key -> (finding, job id, machine).
+        # Each slot's findings: key -> (finding, the job that raised it, machine).
         self.findings: dict[int, dict[Key, tuple[InJobFinding, int, int | None]]] = {}
         self.by_job: dict[int, set[int]] = defaultdict(set)  # job id -> slots it accused
         engine.fault_process.on_start = self._fault_started
@@ -66,8 +71,11 @@ class InJobPath:
     def replicas(self, job: Job) -> int:
         return job.nodes * GPUS // self.config.gpus_per_replica
 
-    def _pace(self, job: Job) -> float:
-        return job.speed / self.engine.speed_factor if self.engine.speed_factor else 0.0
+    def step_s(self, job: Job) -> float:
+        """A step at the job's pace now (its slowest rank's), or inf while it hangs."""
+        factor = self.engine.speed_factor
+        pace = job.speed / factor if factor else 0.0
+        return self.config.step_s / pace if pace > 0 else math.inf
 
     # -- onsets: a fault under a running job, a job starting on a faulty node -------------
 
@@ -86,27 +94,32 @@ class InJobPath:
 
     def _watch(self, slot: Slot, fault: Fault, job: Job, *, onset: bool) -> None:
         """Schedule the verdict a fault will get from this job's stretch, if any. ``onset``:
-        it began mid-window (a uniform share of one window or round more); else the job's
-        first window or round starts with it."""
-        config, pace = self.config, self._pace(job)
-        if pace <= 0:
+        it began within a window (a uniform part of one more); else with the job's first."""
+        config, step_s, draw = self.config, self.step_s(job), self.rng.random
+        if math.isinf(step_s):
             return  # a hung job takes no steps
-        step_s = config.step_s / pace
         if fault.cls == "fail_slow" and fault.effect is Effect.SLOW:
-            if fault.signal is Signal.POWER_BRAKE and config.passive:
-                self._at(config.passive_window_s, self._name_passive, slot, fault, job)
-            if not self.adopted(job) or job.nodes * config.ranks_per_node < 2:
-                return  # no peers to be slower than
+            if config.passive and fault.signal is Signal.POWER_BRAKE:
+                self._watch_clocks(slot, fault, job)
+            if not self.adopted(job) or job.nodes * config.ranks_per_node < MIN_RANKS:
+                return
             if fault.slowdown * config.ratio > 1.0:
                 return  # within the judge's ratio: not told apart from jitter
-            windows = config.persistence_windows + (self.rng.random() if onset else 0.0)
+            windows = config.persistence_windows + (draw() if onset else 0.0)
             self._at(windows * config.window_steps * step_s, self._name_slow, slot, fault, job)
         elif fault.effect is Effect.SILENT:
             if not self.adopted(job) or self.replicas(job) < 3 or not self.reaches[fault.id]:
                 return  # no strict majority, or corruption the all-reduce spreads to all
-            rounds = config.mismatch_rounds - 1 + (self.rng.random() if onset else 1.0)
-            delay = rounds * config.fingerprint_steps * step_s
-            self._at(delay, self._name_mismatch, slot, fault, job)
+            # The next round after the first corrupted update, then the re-check.
+            steps = draw() * config.fingerprint_steps + config.recheck_steps
+            self._at(steps * step_s, self._name_mismatch, slot, fault, job)
+
+    def _watch_clocks(self, slot: Slot, fault: Fault, job: Job) -> None:
+        if fault.slowdown >= 1.0 - AGENT_CLOCKS.tolerance:
+            return  # within the tolerance of its siblings' clocks
+        # min_samples loaded samples, one a check round from a random phase of the first.
+        rounds = AGENT_CLOCKS.min_samples - 1 + fault.check_phase
+        self._at(rounds * self.check_s, self._name_clocks, slot, fault, job)
 
     def _at(self, delay: float, action: Callable[..., None], slot: Slot, *args: object) -> None:
         engine = self.engine
@@ -127,25 +140,32 @@ class InJobPath:
         if not self._still(slot, machine, fault, job):
             return
         self._note(fault, "in_job")
-        self._raise(slot, (FAIL_SLOW, fault.id), InJobFinding(FAIL_SLOW, fault.gpu, True), job)
-        self._until_checkpoint(slot, (FAIL_SLOW, fault.id), job)
-        self._withdraw_at_end(slot, fault, (FAIL_SLOW, fault.id))
+        key = (FAIL_SLOW, fault.id)
+        self._raise(slot, key, InJobFinding(FAIL_SLOW, fault.gpu), job)
+        self._until_checkpoint(slot, key, job)
+        if fault.end is not None:  # a transient: the rank recovers, and withdraws it
+            back = self.config.persistence_windows * self.config.window_steps
+            at = max(fault.end, self.engine.now) + back * self.step_s(job)
+            self.engine.at(at, self._recovered, slot, machine, key, job)
 
     def _name_mismatch(self, slot: Slot, machine: int | None, fault: Fault, job: Job) -> None:
         if not self._still(slot, machine, fault, job):
             return
         self._note(fault, "in_job")
-        finding = InJobFinding(REPLICA_MISMATCH, fault.gpu, False)
-        self._raise(slot, (REPLICA_MISMATCH, fault.id), finding, job)
+        self._raise(
+            slot, (REPLICA_MISMATCH, fault.id), InJobFinding(REPLICA_MISMATCH, fault.gpu), job
+        )
         self.engine.scheduler.sdc_caught(fault, job)
 
-    def _name_passive(self, slot: Slot, machine: int | None, fault: Fault, job: Job) -> None:
+    def _name_clocks(self, slot: Slot, machine: int | None, fault: Fault, job: Job) -> None:
         if not self._still(slot, machine, fault, job):
             return
         self._note(fault, "passive")
-        # The throttle reason is the evidence: the finding lasts while it does.
-        self._raise(slot, (LOAD_CLOCK, fault.id), InJobFinding(LOAD_CLOCK, fault.gpu, True), job)
-        self._withdraw_at_end(slot, fault, (LOAD_CLOCK, fault.id))
+        key = (LOAD_CLOCK, fault.id)
+        self._raise(slot, key, InJobFinding(LOAD_CLOCK, fault.gpu), job)
+        if fault.end is not None:  # clocks back: most of the window agrees within share
+            later = (1.0 - AGENT_CLOCKS.share) * AGENT_CLOCKS.window_s
+            self.engine.at(fault.end + later, self._drop, slot, key, machine)
 
     def _note(self, fault: Fault, path: str) -> None:
         times = self.engine.stats.hidden.get(fault.id)
@@ -186,38 +206,38 @@ class InJobPath:
             return
         if job.state is JobState.RUNNING and job.segment_start == segment_start:
             finding, owner, _ = held
-            self.findings[slot.index][key] = (
-                InJobFinding(finding.code, finding.gpu, False),
-                owner,
-                machine,
-            )
+            checkpointed = InJobFinding(finding.kind, finding.gpu, checkpointed=True)
+            self.findings[slot.index][key] = (checkpointed, owner, machine)
             self._publish(slot)
 
-    def _withdraw_at_end(self, slot: Slot, fault: Fault, key: Key) -> None:
-        """A transient slowdown ends: the rank recovers and withdraws its verdict."""
-        if fault.end is not None:
-            self.engine.at(max(fault.end, self.engine.now), self._drop, slot, key, slot.machine)
+    def _recovered(self, slot: Slot, machine: int | None, key: Key, job: Job) -> None:
+        """Only a rank still running there sees its GPU recover; else the verdict stands."""
+        if slot.job is job and job.state is JobState.RUNNING:
+            self._drop(slot, key, machine)
 
     def _job_released(self, job: Job) -> None:
-        """The job left its nodes: its verdicts lapse unless it comes back; the controller
-        sees the pods gone, so a waiting repair may start now."""
+        """The job left its nodes: the controller sees the pods gone (a waiting repair may
+        start now). Its verdicts stand; the busy-clock samples age out of their window."""
         accused = self.by_job.pop(job.id, None)
         if not accused:
             return
-        slots = self.engine.slots
-        lapse = self.engine.now + self.config.verdict_ttl_s
+        engine, slots = self.engine, self.engine.slots
+        aged = AGENT_CLOCKS.window_s - (AGENT_CLOCKS.min_samples - 1) * self.check_s
         for index in accused:
             slot = slots[index]
             for key, (_, owner, machine) in list(self.findings.get(index, {}).items()):
-                if owner == job.id and key[0] != LOAD_CLOCK:  # a job's verdicts, not NVML's
-                    self.engine.at(lapse, self._lapse, slot, key, machine, job)
-            self.engine.at(self.engine.now, self.report, slot)
+                if owner == job.id and key[0] == LOAD_CLOCK:
+                    engine.at(engine.now + max(0.0, aged), self._drop, slot, key, machine)
+            engine.at(engine.now, self.report, slot)
 
-    def _lapse(self, slot: Slot, key: Key, machine: int | None, job: Job) -> None:
-        if slot.job is job and job.state is JobState.RUNNING:
-            self.by_job[job.id].add(slot.index)  # back on the node: its ranks refresh it
-            return
-        self._drop(slot, key, machine)
+    def repaired(self, slot: Slot) -> None:
+        """A reset or reboot finished: the agent forgets the verdicts it answered (a GPU
+        still slow is named again by the next job on it)."""
+        mine = self.findings.get(slot.index)
+        if mine and any(key[0] != LOAD_CLOCK for key in mine):
+            for key in [key for key in mine if key[0] != LOAD_CLOCK]:
+                del mine[key]
+            slot.in_job = tuple(sorted(f for f, _, _ in mine.values()))
 
     # -- false verdicts -------------------------------------------------------------------
 
@@ -236,7 +256,9 @@ class InJobPath:
         job = slot.job
         if job is None or job.state is not JobState.RUNNING or not self.adopted(job):
             return
+        if job.nodes * self.config.ranks_per_node < MIN_RANKS:
+            return
         self.engine.stats.false_verdicts += 1
         key = (FAIL_SLOW, -1 - n)
-        self._raise(slot, key, InJobFinding(FAIL_SLOW, gpu, True), job)
+        self._raise(slot, key, InJobFinding(FAIL_SLOW, gpu), job)
         self._until_checkpoint(slot, key, job)

@@ -1,84 +1,65 @@
-"""The findings the agent makes of in-job verdicts and of its passive clock sampling.
+"""What the agent makes of in-job verdicts and of its clock sampling under load: the real
+code (``checks.in_job``), from the simulator's compact key.
 
-The real codes are being added to ``gpuguard.checks`` and the agent (issue 17); the
-simulator states here the rules it assumes for them, and builds the findings with
-``model.Finding`` so that they go through the same ``runner.assess`` and layer reports as
-every other check's:
-
-- ``IN_JOB_FAIL_SLOW``: a rank's compute is consistently slower than its peers' (the job's
-  ``FAIL_SLOW`` verdict). Warning, replace, deferred: its answers are right, so the repair
-  waits for the job's next checkpoint.
-- ``IN_JOB_REPLICA_MISMATCH``: a replica's parameters differ from the majority's (the
-  job's ``REPLICA_MISMATCH`` verdict). Critical, replace, at once: results are wrong.
-- ``LOAD_CLOCK_BELOW_SIBLINGS``: under load a GPU clocks below its same-model siblings
-  with a throttle reason. Warning, reset, deferred.
+A verdict is built as the ``training.verdicts.Verdict`` a job would write and turned into
+its finding by ``checks.in_job.verdict_check.finding_for``: ``IN_JOB_FAIL_SLOW`` (replace,
+deferred until the job has saved a checkpoint after the verdict, then critical and at
+once) and ``IN_JOB_REPLICA_MISMATCH`` (critical, replace, at once). A GPU clocked below
+its busy siblings is the ``LOAD_CLOCK_BELOW_SIBLINGS`` finding of the ``load-clocks``
+rules (reset, deferred).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuguard.model import Action, CheckResult, Finding, Layer, Outcome, Severity, gpu
+from gpuguard.checks.in_job.load_clocks import SOURCE as LOAD_CLOCKS
+from gpuguard.checks.in_job.rules import LOAD_CLOCK_BELOW_SIBLINGS, RULES
+from gpuguard.checks.in_job.verdict_check import SOURCE as IN_JOB
+from gpuguard.checks.in_job.verdict_check import finding_for
+from gpuguard.model import CheckResult, Finding, Layer, Outcome, gpu
 from gpuguard.sim.faults import gpu_bus_id
+from gpuguard.training.verdicts import Verdict, VerdictKind
 
-FAIL_SLOW = "IN_JOB_FAIL_SLOW"
-REPLICA_MISMATCH = "IN_JOB_REPLICA_MISMATCH"
-LOAD_CLOCK = "LOAD_CLOCK_BELOW_SIBLINGS"
-
-
-@dataclass(frozen=True)
-class Rule:
-    severity: Severity
-    action: Action
-    source: str
-    message: str
-
-
-RULES = {
-    FAIL_SLOW: Rule(
-        Severity.WARNING, Action.REPLACE, "in-job", "the job's ranks name this GPU slow"
-    ),
-    REPLICA_MISMATCH: Rule(
-        Severity.CRITICAL,
-        Action.REPLACE,
-        "in-job",
-        "this GPU's replica differs from the majority: its results are wrong",
-    ),
-    LOAD_CLOCK: Rule(
-        Severity.WARNING,
-        Action.RESET_GPU,
-        "nvml-load",
-        "under load this GPU clocks below its siblings, with a throttle reason",
-    ),
-}
+FAIL_SLOW = str(VerdictKind.FAIL_SLOW)
+REPLICA_MISMATCH = str(VerdictKind.REPLICA_MISMATCH)
+LOAD_CLOCK = LOAD_CLOCK_BELOW_SIBLINGS
 
 
 @dataclass(frozen=True, order=True)
 class InJobFinding:
-    """One in-job or passive finding on one GPU (hashable: part of the agent view's key).
-    ``deferred`` goes False once the job has saved a checkpoint after a fail-slow verdict
-    (the verdict file's ``checkpointed_at``): the repair need not wait any longer."""
+    """One verdict (``kind`` a ``VerdictKind``) or a load-clock finding on one GPU:
+    hashable, part of the agent view's key. ``checkpointed``: the job has saved a
+    checkpoint since the verdict (the verdict file's ``checkpointed_at``)."""
 
-    code: str
+    kind: str
     gpu: int
-    deferred: bool
+    checkpointed: bool = False
 
 
-def in_job_result(findings: tuple[InJobFinding, ...]) -> CheckResult:
-    """The check result the agent would fold into the GPU layer."""
-    built = []
-    for found in findings:
-        rule = RULES[found.code]
-        built.append(
-            Finding(
-                Layer.GPU,
-                found.code,
-                rule.severity,
-                rule.action,
-                gpu(gpu_bus_id(found.gpu)),
-                rule.source,
-                rule.message,
-                deferred=found.deferred,
-            )
-        )
-    return CheckResult("in-job", Layer.GPU, Outcome.OK, built)
+def in_job_result(found: tuple[InJobFinding, ...]) -> CheckResult:
+    """The results the agent's ``in-job`` and ``load-clocks`` checks fold into the GPU
+    layer (one result: ``runner.assess`` reads their findings alike)."""
+    return CheckResult(IN_JOB, Layer.GPU, Outcome.OK, [_finding(f) for f in found])
+
+
+def _finding(found: InJobFinding) -> Finding:
+    bus = gpu_bus_id(found.gpu)
+    if found.kind == LOAD_CLOCK:
+        message = f"{gpu(bus).id}: SM clock under load below its busy siblings'"
+        return RULES[LOAD_CLOCK].finding(Layer.GPU, gpu(bus), LOAD_CLOCKS, message)
+    verdict = Verdict(
+        kind=VerdictKind(found.kind),
+        job="simulated",
+        rank=0,
+        world_size=0,
+        node="simulated",
+        gpu=bus,
+        since=0.0,
+        written_at=0.0,
+        ratio=0.0,
+        steps=(0, 0),
+        evidence="simulated",
+        checkpointed_at=0.0 if found.checkpointed else None,
+    )
+    return finding_for(verdict, now=0.0)

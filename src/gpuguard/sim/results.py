@@ -154,9 +154,10 @@ class SizeOutcome:
 @dataclass
 class FoundBy:
     """Persistent hidden faults by the platform path that named each first; ``missed``:
-    none did (``removed_unnamed`` of them went with a repair for another fault). Time to
-    detect is from onset, for faults that began during the run (those a fleet carries at
-    the start have no known onset)."""
+    none did (``removed_unnamed`` of them were taken away unnamed: a repair for another
+    fault, or people after a job's owners traced bad results). Time to detect is from
+    onset, for faults that began during the run (those a fleet carries at the start have
+    no known onset)."""
 
     in_job: int
     deep_suite: int
@@ -180,7 +181,7 @@ class FoundBy:
             "found_by_deep_suite": self.deep_suite,
             "found_by_passive_telemetry": self.passive,
             "missed": self.missed,
-            "missed_but_removed_for_another_fault": self.removed_unnamed,
+            "missed_but_removed_otherwise": self.removed_unnamed,
             "found_share": self.found_share,
             "time_to_detect_hours": self.time_to_detect_h.to_dict(),
         }

@@ -15,6 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpuguard.config import DeepChecks as AgentDeepChecks
 from gpuguard.config import describe_invalid, read_yaml_mapping
 from gpuguard.errors import ConfigError
+from gpuguard.training.monitor import DEFAULT_WINDOW_STEPS
+from gpuguard.training.replicas import ReplicaCheck
+from gpuguard.training.straggler import StragglerPolicy
+
+_STRAGGLER = StragglerPolicy()  # the job-side judge's defaults
+_REPLICAS = ReplicaCheck()
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -157,7 +163,8 @@ class DeepChecks(_Strict):
 
 class InJob(_Strict):
     """Detection inside running jobs (gpuguard run only): the training-side step telemetry
-    and replica fingerprints, and the agent's passive NVML sampling under load."""
+    and replica fingerprints (``gpuguard.training``, its defaults), and the agent's
+    comparison of busy GPUs' clocks (``load-clocks``, the agent's defaults)."""
 
     enabled: bool = Field(default=True, description="The in-job path runs (false: deep suite only)")
     adoption: Share = Field(
@@ -170,29 +177,33 @@ class InJob(_Strict):
         default=8, ge=1, description="GPUs that hold one data-parallel replica (TP x PP)"
     )
     step_s: Positive = Field(default=5.0, description="A training step at full speed")
-    window_steps: int = Field(default=10, ge=1, description="Steps between per-rank exchanges")
-    persistence_windows: int = Field(
-        default=3, ge=1, description="Consecutive slow windows before a rank is named"
+    window_steps: int = Field(
+        default=DEFAULT_WINDOW_STEPS, ge=1, description="Steps between per-rank exchanges"
     )
-    ratio: float = Field(default=1.10, gt=1, description="Compute time over peers' median")
-    fingerprint_steps: int = Field(default=50, ge=1, description="Steps between fingerprints")
-    mismatch_rounds: int = Field(
-        default=2, ge=1, description="Consecutive differing rounds before a replica is named"
+    persistence_windows: int = Field(
+        default=_STRAGGLER.persistence,
+        ge=1,
+        description="Windows in a row before a rank is named, and before it is released",
+    )
+    ratio: float = Field(
+        default=_STRAGGLER.ratio, gt=1, description="Compute time over peers' median"
+    )
+    fingerprint_steps: int = Field(
+        default=_REPLICAS.interval, ge=1, description="Steps between fingerprint rounds"
+    )
+    recheck_steps: int = Field(
+        default=_REPLICAS.recheck_after,
+        ge=1,
+        description="Steps after an odd round to the re-check that names the replica",
     )
     sdc_parameter_share: Share = Field(
         default=0.5,
         description="Share of corrupting GPUs whose errors reach their replica's parameters",
     )
-    verdict_ttl_s: Positive = Field(
-        default=900.0, description="A verdict lapses this long after its job left the node"
-    )
     false_verdicts_per_node_day: NonNegative = Field(
         default=0.0, description="Healthy ranks named slow, per node-day of running jobs"
     )
     passive: bool = Field(default=True, description="The agent compares clocks under load")
-    passive_window_s: NonNegative = Field(
-        default=120.0, description="A GPU clocked below its siblings this long is named"
-    )
 
 
 class Actions(_Strict):
