@@ -180,10 +180,13 @@ class InJobPath:
         self.by_job[job.id].add(slot.index)
         self._publish(slot)
 
-    def _drop(self, slot: Slot, key: Key, machine: int | None) -> None:
+    def _drop(self, slot: Slot, key: Key, machine: int | None, owner: int | None = None) -> None:
+        """Remove a finding (only the one ``owner``'s job raised, when given)."""
         mine = self.findings.get(slot.index, {})
         held = mine.get(key)
-        if held is not None and held[2] == machine and slot.machine == machine:
+        if held is None or held[2] != machine or slot.machine != machine:
+            return
+        if owner is None or held[1] == owner:
             del mine[key]
             self._publish(slot)
 
@@ -227,7 +230,8 @@ class InJobPath:
             slot = slots[index]
             for key, (_, owner, machine) in list(self.findings.get(index, {}).items()):
                 if owner == job.id and key[0] == LOAD_CLOCK:
-                    engine.at(engine.now + max(0.0, aged), self._drop, slot, key, machine)
+                    later = engine.now + max(0.0, aged)
+                    engine.at(later, self._drop, slot, key, machine, job.id)
             engine.at(engine.now, self.report, slot)
 
     def repaired(self, slot: Slot) -> None:
