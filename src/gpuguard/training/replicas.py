@@ -2,8 +2,11 @@
 
 In data-parallel training every replica applies the same averaged gradient to the same
 parameters, so after each step they are bit for bit identical (collectives hand every rank
-the same result). A GPU that silently computes a wrong value leaves its replica different,
-and since later steps update all replicas alike, the difference stays.
+the same result). A GPU that silently corrupts its replica's own state (its
+parameters or optimiser state in memory, or the optimiser step it computes) leaves that
+replica different, and since later steps update all replicas alike, the difference stays.
+A wrong value computed before the gradient all-reduce is averaged into every replica
+alike: this cannot see it.
 
 Every ``interval`` steps each rank takes a `fingerprint` of its parameters and the ranks
 vote within each replica group (ranks that must hold identical parameters; the caller
