@@ -176,10 +176,11 @@ class Agent:
     # --- orders -------------------------------------------------------------------
     def after_repair(self, action: Action, gpus: tuple[str, ...], at: float) -> None:
         """A repair on this node finished: forget what it fixed and look again at once."""
-        named = gpus if action is Action.RESET_GPU else ()
-        forgotten = forget_verdicts(self.sources.in_job_root(), named, at)
-        if forgotten:
-            log.info("%s: forgot %d in-job verdicts it answered", action, forgotten)
+        if action in (Action.RESET_GPU, Action.REBOOT):  # a reset answers its GPUs only
+            named = gpus if action is Action.RESET_GPU else ()
+            forgotten = forget_verdicts(self.sources.in_job_root(), named, at)
+            if forgotten:
+                log.info("%s: forgot %d in-job verdicts it answered", action, forgotten)
         self.orders.after_repair(action, gpus, at)
 
     def request_fresh_report(self) -> None:
