@@ -7,6 +7,10 @@ import dataclasses
 import time
 from pathlib import Path
 
+import pytest
+
+from gpuguard.agent.daemon import Agent
+from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.in_job.verdict_check import InJobCheck, forget_verdicts
 from gpuguard.config import Config
@@ -128,3 +132,19 @@ def test_a_repair_forgets_the_verdicts_it_answered_but_not_newer_ones(tmp_path):
     write_verdict(directory, verdict(written_at=repaired_at + 5))  # refreshed after it
     assert forget_verdicts(directory, [], repaired_at) == 1  # a node rung: every older one
     assert [v.rank for v in read_verdicts(directory)[0]] == [5]
+
+
+@pytest.mark.parametrize(
+    ("action", "left"),
+    [(Action.RESET_GPU, [6]), (Action.REBOOT, []), (Action.KILL_JOB, [5, 6])],
+)
+def test_the_agent_forgets_what_its_repair_answered(tmp_path, action, left):
+    directory = in_job(tmp_path)
+    repaired_at = time.time()
+    write_verdict(directory, verdict(written_at=repaired_at - 5))
+    write_verdict(directory, verdict(rank=6, gpu="00000000:1C:00.0", written_at=repaired_at - 5))
+    (tmp_path / "kmsg.log").write_text("")
+    follower = FileFollower(tmp_path / "kmsg.log", 0.05)
+    agent = Agent(Config(), BundleSources(tmp_path), [], follower, "gpu-node-7", api=None)
+    agent.after_repair(action, ("00000000:1B:00.0",), repaired_at)
+    assert sorted(v.rank for v in read_verdicts(directory)[0]) == left
