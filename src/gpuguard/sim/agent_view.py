@@ -143,6 +143,7 @@ class AgentView:
         self._cache: dict[NodeSignals, Verdict] = {}
         self._deep: dict[tuple[DeepFinding, ...], DeepRun] = {}
         self._flagged: dict[tuple[DeepFinding, ...], frozenset[int]] = {}
+        self._kernel_events: dict[tuple[str, ...], int] = {}
         # The periodic checks' results by what they read: a set of signals differs from
         # one seen before mostly in its kernel lines, and NVML's verdict is the costly one.
         self._checked: dict[tuple[tuple[Signal, int], ...], tuple[CheckResult, CheckResult]] = {}
@@ -197,7 +198,11 @@ class AgentView:
 
     def kernel_events(self, lines: Iterable[str]) -> int:
         """How many kernel events a node-problem-detector-style rule would match."""
-        return len(scan("\n".join(lines)))
+        key = tuple(lines)
+        count = self._kernel_events.get(key)
+        if count is None:
+            count = self._kernel_events[key] = len(scan("\n".join(key)))
+        return count
 
 
 def _gpu_result(checked: tuple[tuple[Signal, int], ...]) -> CheckResult:

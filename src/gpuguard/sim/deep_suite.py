@@ -74,7 +74,8 @@ class DeepSuite:
     def _idle(self, slot: Slot) -> None:
         """The slot just became free: its idle time starts now."""
         self.free_since[slot.index] = self.engine.now
-        self._try(slot)
+        if slot.index in self.due:  # every slot a job leaves comes here: most are not due
+            self._try(slot)
 
     def _try(self, slot: Slot) -> None:
         """Due and idle long enough: run now. Idle, not yet long enough: look again when

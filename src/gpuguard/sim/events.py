@@ -31,7 +31,8 @@ class EventQueue:
 
     def at(self, t: float, action: Callable[..., None], *args: Any) -> Event:
         """Run ``action(*args)`` at ``t`` (now, if ``t`` has passed)."""
-        event = (max(t, self.now), next(self._order), action, args)
+        now = self.now
+        event = (t if t > now else now, next(self._order), action, args)
         heapq.heappush(self._heap, event)
         return event
 

@@ -101,22 +101,22 @@ class Fleet:
 
     def refresh(self, slot: Slot) -> None:
         """Recompute whether the slot takes work and is in service; keep the books."""
-        now = self._events.now
         # A machine in the slot and no action holding it, then the one definition the
         # controller uses; the scheduler goes by the same flags but cannot see faults.
-        present = slot.machine is not None and not slot.down
         # A withdrawn GPU leaves 7 of 8 allocatable: no whole-node pod fits, as if cordoned.
-        ready, cordoned = not slot.notready, slot.cordoned or slot.gpu_withdrawn
-        quarantined = slot.tainted
-        schedulable = present and in_service(
-            ready=ready, cordoned=cordoned, quarantined=quarantined, faulty=False
+        # In service is schedulable and no disabling fault: the faults are read only then
+        # (this runs for every slot a job leaves, millions of times in a long run).
+        schedulable = (
+            slot.machine is not None
+            and not slot.down
+            and in_service(
+                ready=not slot.notready,
+                cordoned=slot.cordoned or slot.gpu_withdrawn,
+                quarantined=slot.tainted,
+                faulty=False,
+            )
         )
-        up = present and in_service(
-            ready=ready,
-            cordoned=cordoned,
-            quarantined=quarantined,
-            faulty=any(f.disables for f in slot.faults.values()),
-        )
+        up = schedulable and not (slot.faults and any(f.disables for f in slot.faults.values()))
         newly_free = False
         if schedulable and slot.job is None:
             if slot.index not in self.free:
@@ -126,8 +126,9 @@ class Fleet:
         else:
             self.free.discard(slot.index)
         if not schedulable and slot.incidents:
-            self._stats.quarantined(slot.incidents, now)
+            self._stats.quarantined(slot.incidents, self._events.now)
         if up != slot.in_service:
+            now = self._events.now
             self._books.service_changed(now, up=up)
             if up and slot.incidents:
                 self._stats.repaired(slot.incidents, now)

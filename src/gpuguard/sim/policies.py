@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 from gpuguard.checks.kernel_log.messages import parse_line
@@ -30,11 +31,13 @@ DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 def device_plugin_marks(lines: list[str]) -> bool:
     """Whether the device plugin's Xid health check marks a GPU Unhealthy on these lines."""
-    events = [parse_line(line) for line in lines]
-    return any(
-        e is not None and e.kind == "xid" and e.code not in (None, *DEVICE_PLUGIN_SKIPPED_XIDS)
-        for e in events
-    )
+    return any(map(_marks, lines))
+
+
+@functools.cache  # a run shows the same few lines on every node, over and over
+def _marks(line: str) -> bool:
+    e = parse_line(line)
+    return e is not None and e.kind == "xid" and e.code not in (None, *DEVICE_PLUGIN_SKIPPED_XIDS)
 
 
 class NoPolicy:

@@ -86,16 +86,20 @@ class Scheduler:
         now = self._events.now
         slots = self._slots
         picked = list(itertools.islice(self._free, job.nodes))
-        for index in picked:
+        # Its GPUs are the deep suite's until a run in progress on its nodes ends.
+        starts = now
+        discard = self._free.discard  # not difference_update: it resizes the set, and
+        for index in picked:  # the set's order is which nodes the next job gets
             slot = slots[index]
             slot.job = job
-            self._free.discard(index)
+            discard(index)
+            if slot.testing and slot.test_ends > starts:
+                starts = slot.test_ends
         job.slots = picked
         job.state = JobState.RESTARTING
         self._cancel_timers(job)
         job.placed_at = now
-        # Its GPUs are the deep suite's until a run in progress on its nodes ends.
-        job.starts_at = max([now, *(slots[i].test_ends for i in picked if slots[i].testing)])
+        job.starts_at = starts
         job.waiting_since = None
         if job.first_start is None:
             job.first_start = now
@@ -104,8 +108,9 @@ class Scheduler:
 
     def _ready(self, job: Job) -> None:
         now = self._events.now
-        for index in job.slots:
-            for fault in self._slots[index].faults.values():
+        faulty = [slot for slot in map(self._slots.__getitem__, job.slots) if slot.faults]
+        for slot in faulty:
+            for fault in slot.faults.values():
                 if fault.effect in (Effect.CRASH, Effect.DOWN):
                     # Dies initialising: the interruption books the start-up, once.
                     self.interrupt(job, cause="fault", fault=fault)
@@ -116,8 +121,8 @@ class Scheduler:
         job.speed = self._pace(job)
         job.pieces = [(now, job.speed)]
         self._plan_end(job)
-        for index in job.slots:
-            for fault in self._slots[index].faults.values():
+        for slot in faulty:
+            for fault in slot.faults.values():
                 if fault.effect is Effect.SILENT:
                     self._arm_sdc(fault, job)
         if self.on_running is not None:
@@ -137,7 +142,10 @@ class Scheduler:
     # -- running ----------------------------------------------------------------------
 
     def _pace(self, job: Job) -> float:
-        return min(self._slots[i].speed() for i in job.slots) * self.speed_factor
+        slots = self._slots
+        # A slot without faults runs at full pace: only the others are asked.
+        pace = min((slots[i].speed() for i in job.slots if slots[i].faults), default=1.0)
+        return pace * self.speed_factor
 
     def _plan_end(self, job: Job) -> None:
         """Its end at the current pace, or, while a node hangs, the watchdog."""
