@@ -126,9 +126,11 @@ class FaultProcess:
     @staticmethod
     def signals(slot: Slot) -> NodeSignals:
         """What the agent reads on the node now."""
+        # Read after every deep run, on nodes that mostly show nothing: skip the sorting.
+        kernel, checked = slot.kernel, slot.checked
         return NodeSignals(
-            tuple(sorted({line for _, line, _, _ in slot.kernel})),
-            tuple(sorted(slot.checked.values())),
+            tuple(sorted({line for _, line, _, _ in kernel})) if kernel else (),
+            tuple(sorted(checked.values())) if checked else (),
             slot.deep,
             slot.in_job,
         )
