@@ -267,22 +267,3 @@ def running_pods(client: KubeApi, pod_namespace: str, name: str, count: int, app
             PODS.path(pod, namespace=pod_namespace, sub="status"), {"status": {"phase": "Running"}}
         )
     return pods
-
-
-def pod_budget(client: KubeApi, pod_namespace: str, app: str, max_unavailable: int = 0) -> str:
-    """A PodDisruptionBudget over the ``app`` pods; returns its path. There is no
-    disruption controller here: until its status is written, every eviction is refused."""
-    path = f"/apis/policy/v1/namespaces/{pod_namespace}/poddisruptionbudgets"
-    client.create(
-        path,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": app},
-            "spec": {
-                "maxUnavailable": max_unavailable,
-                "selector": {"matchLabels": {"app": app}},
-            },
-        },
-    )
-    return f"{path}/{app}"

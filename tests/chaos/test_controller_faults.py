@@ -20,7 +20,6 @@ from tests.chaos.conftest import (
     Replica,
     cordoned,
     phase,
-    pod_budget,
     quiet_for,
     released,
     running_pods,
@@ -34,7 +33,7 @@ from tests.support.audit import (
     evictions,
     repair_requests,
 )
-from tests.support.cluster import make_node, set_health, wait_for
+from tests.support.cluster import make_node, pod_budget, set_health, wait_for
 from tests.support.controllers import (
     POOL,
     PROCESS_POLICY,

@@ -210,26 +210,34 @@ def make_pod(
     return api.create(f"/api/v1/namespaces/{namespace}/pods", body)
 
 
+def pod_budget(api: KubeApi, pod_namespace: str, app: str, max_unavailable: int = 0) -> str:
+    """A PodDisruptionBudget over the ``app`` pods; returns its path. There is no
+    disruption controller here: until its status is written, every eviction is refused."""
+    path = f"/apis/policy/v1/namespaces/{pod_namespace}/poddisruptionbudgets"
+    api.create(
+        path,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": app},
+            "spec": {
+                "maxUnavailable": max_unavailable,
+                "selector": {"matchLabels": {"app": app}},
+            },
+        },
+    )
+    return f"{path}/{app}"
+
+
 def pod_held_by_a_budget(api: KubeApi, namespace: str, node: str, name: str) -> str:
     """A Running pod ``name`` on ``node`` and a PodDisruptionBudget of the same name that
-    refuses every eviction of it: no kube-controller-manager computes the budget's status
-    here, and the API server refuses evictions until it has one (a Pending pod may always
-    be evicted, hence Running). Returns the budget's path, for a test that lifts it."""
+    refuses every eviction of it (a Pending pod may always be evicted, hence Running).
+    Returns the budget's path, for a test that lifts it."""
     make_pod(api, namespace, name, node, labels={"app": name})
     api.patch(
         f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": {"phase": "Running"}}
     )
-    budgets = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
-    api.create(
-        budgets,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": name},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": name}}},
-        },
-    )
-    return f"{budgets}/{name}"
+    return pod_budget(api, namespace, name)
 
 
 @contextlib.contextmanager
