@@ -8,6 +8,7 @@ names forgets it; a job that ends leaves it standing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable
@@ -94,15 +95,9 @@ def finding_for(verdict: Verdict, now: float) -> Finding:
         evidence += f"; not refreshed for {now - verdict.written_at:.0f}s (the job has ended)"
     found = RULES[code].finding(layer, component, SOURCE, _prefixed(component, message), evidence)
     if found.deferred and verdict.checkpointed_at is not None:
-        return Finding(
-            found.layer,
-            found.code,
-            Severity.CRITICAL,
-            found.action,
-            found.component,
-            found.source,
-            f"{found.message}; checkpoint saved: repair now",
-            found.evidence,
+        message = f"{found.message}; checkpoint saved: repair now"
+        return dataclasses.replace(
+            found, severity=Severity.CRITICAL, deferred=False, message=message
         )
     return found
 
