@@ -9,7 +9,10 @@ collective, on ``--allreduce-port``) and applies them, so the replicas stay bit-
 Faults, one rank each: ``--slow-rank`` is ``--slow-factor`` times slower from
 ``--slow-from`` until ``--slow-until``; ``--corrupt-rank`` flips one bit of one parameter
 after step ``--corrupt-at``; ``--blip-rank`` flips one only while it fingerprints step
-``--blip-at`` (a transient that heals at once). With ``--checkpoint-file``, every rank
+``--blip-at`` (a transient that heals at once); ``--miscompute-rank`` computes every
+gradient wrong (one bit of one element) from step ``--miscompute-from``, its probe's too:
+the all-reduce averages that into every replica alike. Every rank runs the compute probe
+(the gradient of one fixed batch, the same on all ranks) when it is due. With ``--checkpoint-file``, every rank
 reports a checkpoint saved at the first step that file exists.
 
 Run with RANK, WORLD_SIZE, GPUGUARD_EXCHANGE_PORT, NODE_NAME, GPUGUARD_GPU_PCI_BUS_ID,
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +41,13 @@ LEARNING_RATE = 0.01
 def flip_low_bit(params: np.ndarray, index: int) -> None:
     bits = params.view(np.int64)
     bits[index] ^= 1
+
+
+def gradient(x: np.ndarray, y: np.ndarray, params: np.ndarray, wrong: bool) -> np.ndarray:
+    result = x.T @ (x @ params - y) / BATCH
+    if wrong:  # the GPU's arithmetic, not the data: the probe's gradient is wrong too
+        flip_low_bit(result, FEATURES // 2)
+    return result
 
 
 def main() -> None:
@@ -55,7 +66,10 @@ def main() -> None:
     parser.add_argument("--corrupt-at", type=int, default=-1)
     parser.add_argument("--blip-rank", type=int, default=-1)
     parser.add_argument("--blip-at", type=int, default=-1)
+    parser.add_argument("--miscompute-rank", type=int, default=-1)
+    parser.add_argument("--miscompute-from", type=int, default=1 << 30)
     parser.add_argument("--replica-interval", type=int, default=50)
+    parser.add_argument("--compute-interval", type=int, default=200)
     parser.add_argument(
         "--checkpoint-file", type=Path, help="once it exists, the job 'saves a checkpoint'"
     )
@@ -63,7 +77,9 @@ def main() -> None:
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     allreduce = LoopbackExchange(rank, world_size, args.allreduce_port, timeout_s=30)
-    monitor = JobMonitor(replica_interval=args.replica_interval)
+    monitor = JobMonitor(
+        replica_interval=args.replica_interval, compute_interval=args.compute_interval
+    )
     noise = np.random.default_rng([args.seed, rank])
     speed = 1.0 + noise.uniform(-0.02, 0.02)  # GPUs of one model differ by a few per cent
     params = np.random.default_rng(args.seed).standard_normal(FEATURES)
@@ -73,6 +89,8 @@ def main() -> None:
     # Made once: the step's CPU work stays tiny, so 16 ranks on two cores do not queue for
     # a CPU, which would make the ranks scheduled last look slower.
     batches = [(x, x @ true_weights) for x in inputs]
+    probe_x = np.random.default_rng([args.seed, 1 << 20]).standard_normal((BATCH, FEATURES))
+    probe_y = probe_x @ true_weights  # the same batch on every rank
     named_at = released_at = checkpointed_at = None
     kinds: list[str] = []
     named_ranks: set[int] = set()
@@ -81,7 +99,8 @@ def main() -> None:
     for step in range(args.steps):
         with monitor.step(step):
             x, y = batches[step % len(batches)]
-            gradient = x.T @ (x @ params - y) / BATCH
+            wrong = rank == args.miscompute_rank and step >= args.miscompute_from
+            local = gradient(x, y, params, wrong)
             device_s = args.step_s * speed * noise.lognormal(0.0, args.jitter)
             if noise.random() < 0.01:
                 device_s *= 2  # a rare hiccup: a page fault, a late input batch
@@ -89,7 +108,7 @@ def main() -> None:
                 device_s *= args.slow_factor
             time.sleep(device_s)
             with monitor.communicating():
-                gathered = allreduce.all_gather(gradient.tolist())
+                gathered = allreduce.all_gather(local.tolist())
             params -= LEARNING_RATE * np.mean(np.array(gathered), axis=0)
         if rank == args.corrupt_rank and step == args.corrupt_at:
             flip_low_bit(params, FEATURES // 3)
@@ -99,6 +118,8 @@ def main() -> None:
         rounds = monitor.check_replicas(step, {"w": params})  # fingerprints now
         if blip:
             flip_low_bit(params, 1)
+        probe = partial(gradient, probe_x, probe_y, params, wrong)
+        rounds += monitor.check_compute(step, probe)
         for result in rounds:
             odd_ranks.update(result.vote.odd)
             named_ranks.update(result.named)

@@ -33,7 +33,7 @@ def verdict(kind: VerdictKind = VerdictKind.FAIL_SLOW, **changes: object) -> Ver
         gpu=GPU,
         since=now - 120,
         written_at=now,
-        ratio=1.17 if kind is not VerdictKind.REPLICA_MISMATCH else 0.0,
+        ratio=0.0 if kind.endswith("_mismatch") else 1.17,
         steps=(400, 460),
         evidence="compute 0.351 s vs median 0.300 s over 6 windows",
     )
@@ -79,11 +79,20 @@ def test_a_checkpoint_after_the_verdict_releases_the_repair(tmp_path):
     assert layer.status is Status.UNHEALTHY and not layer.deferred
 
 
-def test_replica_mismatch_is_repaired_at_once(tmp_path):
-    write_verdict(in_job(tmp_path), verdict(VerdictKind.REPLICA_MISMATCH))
+@pytest.mark.parametrize(
+    ("kind", "code", "what"),
+    [
+        (VerdictKind.REPLICA_MISMATCH, "IN_JOB_REPLICA_MISMATCH", "parameters differ"),
+        (VerdictKind.COMPUTE_MISMATCH, "IN_JOB_COMPUTE_MISMATCH", "gradients of the probe"),
+    ],
+)
+def test_wrong_results_are_repaired_at_once(tmp_path, kind, code, what):
+    write_verdict(in_job(tmp_path), verdict(kind))
     (found,) = findings(tmp_path)
-    assert found.code == "IN_JOB_REPLICA_MISMATCH" and not found.deferred
+    assert found.code == code and not found.deferred and what in found.message
     assert (found.severity, found.action) == (Severity.CRITICAL, Action.REPLACE)
+    layer = assess_layer(Layer.GPU, [found], ["nvml"], [])
+    assert layer.status is Status.UNHEALTHY and not layer.deferred
 
 
 def test_link_slow_is_reported_on_the_network_layer_without_a_repair(tmp_path):

@@ -118,7 +118,7 @@ def test_a_job_with_jitter_and_no_slow_rank_names_no_one(tmp_path):
     # 1,200 steps of real processes on a shared machine; test_training_straggler.py feeds
     # the judge 192,000 steps of synthetic jitter. Steps shorter than ~10 ms measure the
     # machine's scheduler (a rank starved of a CPU for a few ms), not a GPU.
-    run = run_job(tmp_path, 8, 1200, "--step-s=0.01", "--jitter=0.05")
+    run = run_job(tmp_path, 8, 1200, "--step-s=0.01", "--jitter=0.05", "--compute-interval=50")
     for report in run.reports:
         assert report["named_ranks"] == [] and report["odd_ranks"] == [], report
         assert report["named_at"] is None and report["disabled"] is None
@@ -148,6 +148,37 @@ def test_a_rank_that_corrupts_one_parameter_element_is_named_after_the_recheck(t
         (corrupt_rank, VerdictKind.REPLICA_MISMATCH, 0.0)
     ]
     assert (run.final[0].node, run.final[0].gpu) == (node_of(corrupt_rank), gpu_of(corrupt_rank))
+
+
+def test_a_rank_that_computes_wrong_gradients_is_named_by_the_probe_not_by_its_parameters(
+    tmp_path,
+):
+    bad_rank = random.Random().randrange(8)
+    wrong_from = random.Random().randrange(20, 60)
+    run = run_job(
+        tmp_path,
+        8,
+        wrong_from + 50,
+        "--step-s=0.01",
+        "--compute-interval=30",
+        f"--miscompute-rank={bad_rank}",
+        f"--miscompute-from={wrong_from}",
+    )
+    bad = run.reports[bad_rank]
+    # The all-reduce averaged its wrong gradients into every replica alike: the replicas
+    # stayed identical (wrong together) and the parameter rounds saw nothing.
+    assert len({report["fingerprint_params"] for report in run.reports}) == 1
+    assert bad["kinds"] == [VerdictKind.COMPUTE_MISMATCH], bad
+    # The first probe round after the onset (within 30 steps) suspects it, the re-check
+    # 10 steps later names it.
+    assert wrong_from < bad["named_at"] <= wrong_from + 30 + 10, (wrong_from, bad)
+    for report in run.reports:
+        assert report["named_ranks"] == [bad_rank], report
+    assert [(v.rank, v.kind, v.ratio) for v in run.final] == [
+        (bad_rank, VerdictKind.COMPUTE_MISMATCH, 0.0)
+    ]
+    assert "gradients of the probe batch differ" in run.final[0].evidence
+    assert (run.final[0].node, run.final[0].gpu) == (node_of(bad_rank), gpu_of(bad_rank))
 
 
 def test_a_flip_seen_by_one_round_only_is_a_transient_and_names_no_one(tmp_path):

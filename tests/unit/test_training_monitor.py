@@ -142,6 +142,43 @@ def test_a_replica_mismatch_outranks_slowness_and_stays(tmp_path, env):
     assert verdict.steps == (32, 59) and "at step 32 and again at step 42" in verdict.evidence
 
 
+def test_the_probe_runs_when_due_and_names_wrong_gradients_below_a_replica_mismatch(tmp_path, env):
+    peers = ScriptedPeers()
+    monitor = JobMonitor(
+        rank=0,
+        world_size=WORLD,
+        exchange=peers,
+        verdict_dir=tmp_path,
+        replica_interval=16,
+        compute_interval=20,
+    )
+    params = {"w": [0.5, 0.25]}
+    probed: list[int] = []
+
+    def probe() -> list[float]:
+        probed.append(step)
+        return [0.125, 0.0625]
+
+    for step in range(80):
+        run_steps(monitor, range(step, step + 1))
+        peers.odd_prints = step >= 60  # its parameters differ from step 60 on
+        monitor.check_replicas(step, params)
+        peers.odd_prints = step >= 30  # its probe gradients differ from step 30 on
+        monitor.check_compute(step, probe)
+        if step == 59:
+            [verdict], _ = read_verdicts(tmp_path)
+            assert verdict.kind is VerdictKind.COMPUTE_MISMATCH and verdict.ratio == 0.0
+            assert verdict.steps == (40, 59)
+            assert "gradients of the probe batch differ" in verdict.evidence
+            assert "at step 40 and again at step 50" in verdict.evidence
+    # Every 20 steps, and the re-check 10 steps after the round that first found it odd
+    # (a named rank stays named: no more re-checks).
+    assert probed == [0, 20, 40, 50, 60]
+    [verdict], _ = read_verdicts(tmp_path)
+    assert verdict.kind is VerdictKind.REPLICA_MISMATCH, "wrong parameters outrank"
+    assert verdict.steps == (64, 77) and "at step 64 and again at step 74" in verdict.evidence
+
+
 def test_an_exchange_that_fails_turns_the_monitor_off_not_the_job(tmp_path, env, caplog):
     peers = ScriptedPeers()
     monitor = JobMonitor(rank=0, world_size=WORLD, exchange=peers, verdict_dir=tmp_path)

@@ -1,5 +1,6 @@
-"""The in-job monitor: step telemetry, the straggler judge and replica agreement in one
-object a training loop calls, and the verdict file of this rank kept up to date.
+"""The in-job monitor: step telemetry, the straggler judge, replica agreement and the
+compute probe in one object a training loop calls, and the verdict file of this rank kept
+up to date.
 
 Every rank of the job makes the same calls at the same steps (they are collectives)::
 
@@ -11,6 +12,7 @@ Every rank of the job makes the same calls at the same steps (they are collectiv
                 all_reduce(gradients)
             optimizer.step()
         monitor.check_replicas(step, model)      # a fingerprint round every 50 steps
+        monitor.check_compute(step, probe)       # the probe batch's gradients, every 200
         if step % interval == 0:
             save_checkpoint(step)
             monitor.checkpoint_saved(step)
@@ -19,7 +21,7 @@ Every rank of the job makes the same calls at the same steps (they are collectiv
 At the end of every window of ``window_steps`` steps the ranks exchange one record each
 (on a worker thread, so the loop does not wait for it) and all run the judge on the table
 when it is back, a step or so later. A named rank writes its verdict (one at a time: a
-replica mismatch, then fail-slow, then link-slow) into ``verdict_dir``, refreshes it
+replica mismatch, a compute mismatch, fail-slow, link-slow) into ``verdict_dir``, refreshes it
 every window, and withdraws it when it recovers. The monitor never stops the job: an exchange
 that fails is logged and the monitor turns itself off.
 """
@@ -55,6 +57,11 @@ log = logging.getLogger("gpuguard.training")
 
 DEFAULT_WINDOW_STEPS = 6
 """Steps per exchanged window: 6 x 4 windows names a rank within 28 steps of its onset."""
+DEFAULT_COMPUTE_INTERVAL = 200
+"""Steps between probe rounds: one extra probe pass per 200 steps costs 0.5 % of compute
+when the probe batch is one micro-batch of a one-micro-batch step (less with accumulation)."""
+_PARAMETERS = "parameters"
+_PROBE_GRADIENTS = "gradients of the probe batch"
 
 
 class JobMonitor:
@@ -72,6 +79,8 @@ class JobMonitor:
         replica_interval: int = 50,
         replica_recheck_after: int = 10,
         replica_rtol: float = 0.0,
+        compute_interval: int = DEFAULT_COMPUTE_INTERVAL,
+        compute_rtol: float = 0.0,
         verdict_dir: str | os.PathLike[str] | None = None,
         ttl_s: float = DEFAULT_TTL_S,
         exchange: Exchange | None = None,
@@ -90,23 +99,29 @@ class JobMonitor:
         self._clock = clock
         self._timer = StepTimer(self.identity.rank)
         self._judge = StragglerJudge(self.identity.world_size, policy)
-        self._replicas = ReplicaCheck(replica_interval, replica_recheck_after, replica_rtol)
+        self._replicas = ReplicaCheck(
+            replica_interval, replica_recheck_after, replica_rtol, _PARAMETERS
+        )
+        self._probes = ReplicaCheck(
+            compute_interval, replica_recheck_after, compute_rtol, _PROBE_GRADIENTS
+        )
         if exchange is None:
             exchange = BackgroundExchange(
                 open_exchange(self.identity.rank, world_size=self.identity.world_size)
             )
         self._exchange = exchange
         self._windows: deque[Future[list[Any]]] = deque()  # gathers not yet judged, in order
-        self._rounds: deque[tuple[int, Future[list[Any]]]] = deque()  # fingerprint rounds
+        # Fingerprint rounds of both checks, in the order every rank submitted them.
+        self._rounds: deque[tuple[ReplicaCheck, int, Future[list[Any]]]] = deque()
         self._slowness: Slowness | None = None
-        self._mismatch_steps: tuple[int, int] | None = None
-        self._mismatch_evidence = ""
+        self._mismatches: dict[VerdictKind, tuple[int, str]] = {}  # kind -> first step, why
         self.verdict: Verdict | None = None
         """The verdict this rank holds now (written to ``verdict_dir`` when there is one)."""
         self._verdict_step = 0  # the step at which the held verdict was first written
         self.named: dict[int, Slowness] = {}
         """Every rank the judge names after the latest window (the same on all ranks)."""
         self.last_replica_round: ReplicaRound | None = None
+        """The latest round judged, of either check (its ``subject`` says which)."""
         self.disabled: str | None = None
         """Why the monitor turned itself off, or None while it works."""
 
@@ -143,43 +158,70 @@ class JobMonitor:
         `replicas.fingerprint`). When a round is due, fingerprints them (the loop waits
         for that pass) and hands the fingerprint to the exchange; returns the rounds
         judged during this call (their tables came back), usually none or one."""
+        return self._check(step, self._replicas, lambda: parameters)
+
+    def check_compute(self, step: int, probe: Callable[[], Any]) -> list[ReplicaRound]:
+        """Call after every optimiser step, on every rank, after `check_replicas`. When a
+        round is due (every ``compute_interval`` steps), calls ``probe()`` and compares
+        what it returns within the replica group as `check_replicas` compares parameters.
+
+        ``probe`` computes this rank's gradients (or any outputs) of one fixed batch, the
+        same on every rank, with the current parameters, and returns them without any
+        collective (DDP's ``no_sync()``), without applying them, and with no randomness
+        that differs by rank (dropout off, or one seed on all ranks). Identical replicas
+        computing the same thing get the same bits, so a rank whose GPU computes wrong
+        values in the forward or backward pass is outside the majority: the corruption
+        replica agreement cannot see, because the all-reduce averages it into every
+        replica alike. Named COMPUTE_MISMATCH after the re-check."""
+        return self._check(step, self._probes, probe)
+
+    def _check(
+        self, step: int, check: ReplicaCheck, values: Callable[[], Any]
+    ) -> list[ReplicaRound]:
         if self.disabled:
             return []
         # A round's re-check step depends on its result, so every rank judges it by then.
         judged = self._judge_gathered_rounds(wait_until=step)
-        if self.disabled or not self._replicas.due(step):
+        if self.disabled or not check.due(step):
             return judged
-        mine = fingerprint(parameters, rtol=self._replicas.rtol)
-        self._rounds.append((step, self._submit([step, self.replica_group, list(mine)])))
+        mine = fingerprint(values(), rtol=check.rtol)
+        item = [step, self.replica_group, list(mine)]
+        self._rounds.append((check, step, self._submit(item)))
         return judged + self._judge_gathered_rounds(wait_until=-1)
 
     def _judge_gathered_rounds(self, wait_until: int) -> list[ReplicaRound]:
         judged = []
         while self._rounds and not self.disabled:
-            round_step, future = self._rounds[0]
-            if not future.done() and self._replicas.recheck_step(round_step) > wait_until:
+            check, round_step, future = self._rounds[0]
+            due_by = min(c.recheck_step(s) for c, s, _ in self._rounds)
+            if not future.done() and due_by > wait_until:
                 break
             self._rounds.popleft()
             table = self._result(future)
             if table is None:
                 break
-            judged.append(self._judge_round(round_step, table))
+            judged.append(self._judge_round(check, round_step, table))
         return judged
 
-    def _judge_round(self, step: int, table: list[Any]) -> ReplicaRound:
+    def _judge_round(self, check: ReplicaCheck, step: int, table: list[Any]) -> ReplicaRound:
         groups = {rank: (group, tuple(prints)) for rank, (_, group, prints) in enumerate(table)}
-        result = self._replicas.judge(step, groups)
+        result = check.judge(step, groups)
         self.last_replica_round = result
         if result.vote.inconclusive:
             log.warning(
-                "replica check at step %d inconclusive for ranks %s: no strict majority",
+                "%s check at step %d inconclusive for ranks %s: no strict majority",
+                check.subject,
                 step,
                 list(result.vote.inconclusive),
             )
         named = result.named.get(self.identity.rank)
         if named is not None:
-            self._mismatch_steps = (named.first_step, named.last_step)
-            self._mismatch_evidence = named.evidence
+            kind = (
+                VerdictKind.REPLICA_MISMATCH
+                if check is self._replicas
+                else VerdictKind.COMPUTE_MISMATCH
+            )
+            self._mismatches[kind] = (named.first_step, named.evidence)
             self._publish(step)
         return result
 
@@ -268,9 +310,10 @@ class JobMonitor:
         )
 
     def _wanted(self, step: int) -> tuple[VerdictKind, float, tuple[int, int], str] | None:
-        if self._mismatch_steps is not None:  # wrong results outrank slow ones
-            first, _ = self._mismatch_steps
-            return VerdictKind.REPLICA_MISMATCH, 0.0, (first, step), self._mismatch_evidence
+        for kind in (VerdictKind.REPLICA_MISMATCH, VerdictKind.COMPUTE_MISMATCH):
+            if kind in self._mismatches:  # wrong results outrank slow ones
+                first, evidence = self._mismatches[kind]
+                return kind, 0.0, (first, step), evidence
         slow = self._slowness
         if slow is None:
             return None

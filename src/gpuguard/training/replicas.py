@@ -6,7 +6,8 @@ the same result). A GPU that silently corrupts its replica's own state (its
 parameters or optimiser state in memory, or the optimiser step it computes) leaves that
 replica different, and since later steps update all replicas alike, the difference stays.
 A wrong value computed before the gradient all-reduce is averaged into every replica
-alike: this cannot see it.
+alike: this cannot see it, and a probe can (`ReplicaCheck` again, over the gradients
+every replica computes on one fixed batch before any all-reduce: ``JobMonitor.check_compute``).
 
 Every ``interval`` steps each rank takes a `fingerprint` of its parameters and the ranks
 vote within each replica group (ranks that must hold identical parameters; the caller
@@ -38,8 +39,8 @@ _FOLD = 1_000_003
 def fingerprint(parameters: Any, *, rtol: float = 0.0) -> Fingerprint:
     """A few numbers that differ when one element of ``parameters`` does.
 
-    ``parameters``: a mapping of name to array (taken in name order), a torch module, or
-    an iterable of NumPy arrays or torch tensors. With ``rtol == 0`` (the default) the sum
+    ``parameters``: a mapping of name to array (taken in name order), a torch module, one
+    NumPy array or torch tensor, or an iterable of them. With ``rtol == 0`` (the default) the sum
     of each array's bit patterns as integers (mod 2**64), folded in order: one pass over
     memory, on the tensor's own device, deterministic, and changed by any one element
     changing. With ``rtol > 0``: the float64 sum and sum of magnitudes, to be compared
@@ -103,6 +104,7 @@ class ReplicaRound:
     step: int
     vote: Vote
     named: dict[int, Mismatch]  # every rank named so far, this round's included
+    subject: str = "parameters"  # what was fingerprinted (`ReplicaCheck.subject`)
 
 
 @dataclass
@@ -113,6 +115,7 @@ class ReplicaCheck:
     interval: int = 50
     recheck_after: int = 10
     rtol: float = 0.0
+    subject: str = "parameters"  # what the replicas fingerprint, for the evidence
     _suspects: dict[int, int] = field(default_factory=dict, init=False)  # rank -> first odd
     _named: dict[int, Mismatch] = field(default_factory=dict, init=False)
     _recheck_at: int | None = field(default=None, init=False)
@@ -147,14 +150,14 @@ class ReplicaCheck:
                     rank,
                     first,
                     step,
-                    f"parameters differ from the majority of replica group {group!r} "
+                    f"{self.subject} differ from the majority of replica group {group!r} "
                     f"({size} ranks) at step {first} and again at step {step}",
                 )
             else:
                 self._suspects[rank] = step
         if self._suspects:
             self._recheck_at = self.recheck_step(step)
-        return ReplicaRound(step, result, dict(self._named))
+        return ReplicaRound(step, result, dict(self._named), self.subject)
 
 
 def _majority(prints: Mapping[int, Fingerprint], rtol: float) -> Fingerprint | None:
@@ -176,6 +179,8 @@ def _arrays(parameters: Any) -> Iterable[Any]:
         return (parameters[name] for name in sorted(parameters))
     if hasattr(parameters, "parameters") and callable(parameters.parameters):
         return parameters.parameters()  # type: ignore[no-any-return]  # a torch module
+    if hasattr(parameters, "shape") and hasattr(parameters, "dtype"):
+        return [parameters]  # one array, not its rows
     return parameters  # type: ignore[no-any-return]
 
 

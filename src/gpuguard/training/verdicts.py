@@ -38,6 +38,7 @@ class VerdictKind(StrEnum):
     FAIL_SLOW = "fail_slow"  # the rank's compute is consistently slower than its peers'
     LINK_SLOW = "link_slow"  # the rank's compute keeps pace, its communication does not
     REPLICA_MISMATCH = "replica_mismatch"  # its parameters differ from the other replicas'
+    COMPUTE_MISMATCH = "compute_mismatch"  # its gradients of the probe batch differ from theirs
 
 
 class VerdictError(ValueError):
@@ -54,7 +55,7 @@ class Verdict:
     gpu: str  # the GPU's PCI bus id as NVML prints it ("" when the rank does not know)
     since: float  # unix time the judge first saw it
     written_at: float  # unix time of the last refresh
-    ratio: float  # the rank's time over its peers' median; 0 for a replica mismatch
+    ratio: float  # the rank's time over its peers' median; 0 for a replica/compute mismatch
     steps: tuple[int, int]  # first and last step the evidence covers
     evidence: str
     ttl_s: float = DEFAULT_TTL_S

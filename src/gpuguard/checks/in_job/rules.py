@@ -2,7 +2,8 @@
 
 A fail-slow GPU still computes correctly: the job may run on to its next checkpoint, then
 the node is drained and replaced (the job resumes from that checkpoint on healthy nodes).
-Wrong answers cannot wait: a replica that disagrees with the others is repaired at once.
+Wrong answers cannot wait: a replica whose parameters, or whose gradients of the job's
+probe batch, disagree with the other replicas' is repaired at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gpuguard.model import Action, Severity
 IN_JOB_FAIL_SLOW = "IN_JOB_FAIL_SLOW"
 IN_JOB_LINK_SLOW = "IN_JOB_LINK_SLOW"
 IN_JOB_REPLICA_MISMATCH = "IN_JOB_REPLICA_MISMATCH"
+IN_JOB_COMPUTE_MISMATCH = "IN_JOB_COMPUTE_MISMATCH"
 IN_JOB_VERDICT_INVALID = "IN_JOB_VERDICT_INVALID"
 LOAD_CLOCK_BELOW_SIBLINGS = "LOAD_CLOCK_BELOW_SIBLINGS"
 
@@ -30,6 +32,13 @@ RULES: dict[str, Rule] = table(
         Severity.CRITICAL,
         Action.REPLACE,
         "identical replicas hold different parameters: this GPU's results are wrong now",
+    ),
+    Rule(
+        IN_JOB_COMPUTE_MISMATCH,
+        Severity.CRITICAL,
+        Action.REPLACE,
+        "identical replicas computing the same probe batch got different gradients: this"
+        " GPU computes wrong values now, and the all-reduce spreads them to every replica",
     ),
     Rule(
         IN_JOB_LINK_SLOW,

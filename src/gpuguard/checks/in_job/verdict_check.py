@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.in_job.rules import (
+    IN_JOB_COMPUTE_MISMATCH,
     IN_JOB_FAIL_SLOW,
     IN_JOB_LINK_SLOW,
     IN_JOB_REPLICA_MISMATCH,
@@ -38,6 +39,11 @@ _CODE = {
     VerdictKind.FAIL_SLOW: (IN_JOB_FAIL_SLOW, Layer.GPU),
     VerdictKind.LINK_SLOW: (IN_JOB_LINK_SLOW, Layer.NETWORK),
     VerdictKind.REPLICA_MISMATCH: (IN_JOB_REPLICA_MISMATCH, Layer.GPU),
+    VerdictKind.COMPUTE_MISMATCH: (IN_JOB_COMPUTE_MISMATCH, Layer.GPU),
+}
+_MISMATCHED = {
+    VerdictKind.REPLICA_MISMATCH: "parameters differ from the other replicas'",
+    VerdictKind.COMPUTE_MISMATCH: "gradients of the probe batch differ from the other replicas'",
 }
 
 
@@ -82,8 +88,8 @@ def finding_for(verdict: Verdict, now: float) -> Finding:
     code, layer = _CODE[verdict.kind]
     component = component_of(verdict)
     where = f"rank {verdict.rank} of {verdict.world_size} of job {verdict.job}"
-    if verdict.kind is VerdictKind.REPLICA_MISMATCH:
-        message = f"{where}: parameters differ from the other replicas'"
+    if verdict.kind in _MISMATCHED:
+        message = f"{where}: {_MISMATCHED[verdict.kind]}"
     else:
         part = "compute" if verdict.kind is VerdictKind.FAIL_SLOW else "communication"
         message = f"{where}: {part} {verdict.ratio:.2f}x its peers' median"
