@@ -144,8 +144,25 @@ def test_a_replica_mismatch_is_repaired_at_once_and_the_job_resumes_from_before_
     assert caught.stats.hidden[0].by_job is None  # the owners never had to trace it
     assert job.lost_h * HOUR == pytest.approx(named - _ready_s(caught), rel=0.01)
     # Corruption the all-reduce spreads to every replica is not seen by the fingerprints.
-    unseen, _ = _one_job(3, _fault("sdc"), sdc_parameter_share=0.0)
+    unseen, _ = _one_job(3, _fault("sdc"), sdc_parameter_share=0.0, probe_steps=0)
     assert unseen.stats.hidden[0].in_job is None
+
+
+def test_corruption_the_all_reduce_spreads_is_named_by_the_probe_after_a_recheck():
+    passes_only = {"sdc_parameter_share": 0.0, "sdc_probe_round_share": 1.0}
+    probed, job = _one_job(3, _fault("sdc"), **passes_only)
+    config = probed.scenario.in_job
+    named = probed.stats.hidden[0].in_job
+    assert named is not None and probed.stats.hidden[0].removed is not None
+    waited = (named - _ready_s(probed)) / config.step_s
+    # The first round after the onset shows it, the re-check shows it again.
+    assert config.recheck_steps <= waited <= config.probe_steps + config.recheck_steps
+    assert job.lost_h * HOUR == pytest.approx(named - _ready_s(probed), rel=0.01)
+    # A GPU that one probe round in five shows is named too, by a later re-check.
+    rarely, _ = _one_job(3, _fault("sdc"), sdc_parameter_share=0.0, sdc_probe_round_share=0.2)
+    assert rarely.stats.hidden[0].in_job is not None
+    never, _ = _one_job(3, _fault("sdc"), sdc_parameter_share=0.0, sdc_probe_round_share=0.0)
+    assert never.stats.hidden[0].in_job is None
 
 
 def test_jobs_without_the_telemetry_and_idle_nodes_are_left_to_the_deep_suite():

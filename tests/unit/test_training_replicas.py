@@ -75,6 +75,26 @@ def test_a_rank_is_named_only_when_the_recheck_finds_it_odd_again():
     assert list(later.named) == [2], "a named rank stays named: its results were wrong"
 
 
+def test_a_suspect_with_rechecks_left_is_named_by_any_of_them_then_forgotten():
+    check = ReplicaCheck(interval=50, recheck_after=5, rechecks=3)
+    good, bad = (1.0,), (2.0,)
+    agree = {0: (0, good), 1: (0, good), 2: (0, good)}
+    odd = {0: (0, good), 1: (0, bad), 2: (0, good)}
+    check.judge(50, odd)
+    assert check.due(55)
+    assert check.judge(55, agree).named == {} and check.due(60), "agreed: re-checked again"
+    named = check.judge(60, odd).named
+    assert list(named) == [1] and (named[1].first_step, named[1].last_step) == (50, 60)
+    assert not check.due(65), "named: no more re-checks"
+    check.judge(100, {0: (0, bad), 1: (0, good), 2: (0, good)})
+    for step in (105, 110, 115):
+        assert check.due(step)
+        check.judge(step, agree)
+    assert not check.due(120), "three re-checks agreed: forgotten"
+    result = check.judge(150, {0: (0, bad), 1: (0, good), 2: (0, good)})
+    assert result.named.keys() == {1} and check.due(155), "a new suspect, not named yet"
+
+
 def test_an_inconclusive_round_clears_suspects_and_names_no_one():
     check = ReplicaCheck(interval=10, recheck_after=5)
     a, b = (1.0,), (2.0,)

@@ -7,7 +7,12 @@ peers' median by ``ratio`` for ``persistence_windows`` windows in a row is named
 FAIL_SLOW verdict on its node; the judge needs three ranks); it withdraws the verdict after
 as many windows back within the ratio. Every ``fingerprint_steps`` the replicas compare
 parameter fingerprints, and one outside a strict majority (three replicas or more) that is
-odd again ``recheck_steps`` later is named (REPLICA_MISMATCH), for good. As the agent
+odd again ``recheck_steps`` later is named (REPLICA_MISMATCH), for good. Corruption that
+the all-reduce spreads to every replica alike is left to the compute probe: every
+``probe_steps`` the replicas compare their gradients of one fixed batch, each round showing
+the corruption with ``sdc_probe_round_share``; an odd rank is re-checked every
+``recheck_steps`` up to ``probe_rechecks`` times, and named (COMPUTE_MISMATCH) when one
+shows it again. As the agent
 does, a verdict stands when its job ends (the GPU did not recover) until a repair of the
 node forgets it. The agent's ``load-clocks`` check samples busy GPUs every check round and
 names one whose SM clock is below its siblings' by its ``tolerance`` in most of a window of
@@ -30,7 +35,13 @@ from gpuguard.config import LoadClocks
 from gpuguard.sim.agent_view import GPUS
 from gpuguard.sim.faults import DAY, Effect, Fault, Signal
 from gpuguard.sim.fleet import Slot
-from gpuguard.sim.in_job_findings import FAIL_SLOW, LOAD_CLOCK, REPLICA_MISMATCH, InJobFinding
+from gpuguard.sim.in_job_findings import (
+    COMPUTE_MISMATCH,
+    FAIL_SLOW,
+    LOAD_CLOCK,
+    REPLICA_MISMATCH,
+    InJobFinding,
+)
 from gpuguard.sim.jobs import Job, JobState
 
 if TYPE_CHECKING:
@@ -38,6 +49,7 @@ if TYPE_CHECKING:
 
 GOLDEN = 0.6180339887498949  # a low-discrepancy draw per job id, the same in every run
 MIN_RANKS = 3  # "of two ranks apart, neither is the odd one out" (training/straggler.py)
+MAX_PROBE_ROUNDS = 10_000  # a corruption no probe round shows in this many is not found
 AGENT_CLOCKS = LoadClocks()  # the agent's load-clocks defaults
 Key = tuple[str, int]  # (kind, fault id; a false verdict's own negative number)
 
@@ -55,6 +67,7 @@ class InJobPath:
         silent = [f.id for f in engine.faults if f.effect is Effect.SILENT]
         draws = self.rng.random(len(silent)) < config.sdc_parameter_share
         self.reaches = dict(zip(silent, draws.tolist(), strict=True))
+        self.probe_rng = np.random.default_rng([engine.scenario.seed, 5])  # its own stream
         # Each slot's findings: key -> (finding, the job that raised it, machine).
         self.findings: dict[int, dict[Key, tuple[InJobFinding, int, int | None]]] = {}
         self.by_job: dict[int, set[int]] = defaultdict(set)  # job id -> slots it accused
@@ -108,11 +121,37 @@ class InJobPath:
             windows = config.persistence_windows + (draw() if onset else 0.0)
             self._at(windows * config.window_steps * step_s, self._name_slow, slot, fault, job)
         elif fault.effect is Effect.SILENT:
-            if not self.adopted(job) or self.replicas(job) < 3 or not self.reaches[fault.id]:
-                return  # no strict majority, or corruption the all-reduce spreads to all
-            # The next round after the first corrupted update, then the re-check.
-            steps = draw() * config.fingerprint_steps + config.recheck_steps
-            self._at(steps * step_s, self._name_mismatch, slot, fault, job)
+            if not self.adopted(job) or self.replicas(job) < 3:
+                return  # no strict majority
+            if self.reaches[fault.id]:
+                # The next round after the first corrupted update, then the re-check.
+                steps = draw() * config.fingerprint_steps + config.recheck_steps
+                kind = REPLICA_MISMATCH
+            else:  # the all-reduce spreads it to every replica: only the probe sees it
+                probe = self._probe_named_after()
+                if probe is None:
+                    return
+                steps, kind = probe, COMPUTE_MISMATCH
+            self._at(steps * step_s, self._name_mismatch, slot, fault, job, kind)
+
+    def _probe_named_after(self) -> float | None:
+        """Steps from the first wrong pass until the probe names the rank: a round that
+        shows it makes a suspect, re-checked ``recheck_steps`` apart until one shows it
+        again (named) or ``probe_rechecks`` have not (forgotten; the rounds go on). None:
+        no probe, or no round in MAX_PROBE_ROUNDS names it."""
+        config, draw = self.config, self.probe_rng.random
+        every, share = config.probe_steps, config.sdc_probe_round_share
+        if every == 0 or share == 0.0:
+            return None
+        apart = min(config.recheck_steps, every)
+        at = float(draw()) * every  # the first round after the onset
+        for _ in range(MAX_PROBE_ROUNDS):
+            if draw() < share:
+                for n in range(1, config.probe_rechecks + 1):
+                    if draw() < share:
+                        return at + n * apart
+            at += every  # the regular rounds go on (a re-check at a round's step is one)
+        return None
 
     def _watch_clocks(self, slot: Slot, fault: Fault, job: Job) -> None:
         if fault.slowdown >= 1.0 - AGENT_CLOCKS.tolerance:
@@ -148,13 +187,13 @@ class InJobPath:
             at = max(fault.end, self.engine.now) + back * self.step_s(job)
             self.engine.at(at, self._recovered, slot, machine, key, job)
 
-    def _name_mismatch(self, slot: Slot, machine: int | None, fault: Fault, job: Job) -> None:
+    def _name_mismatch(
+        self, slot: Slot, machine: int | None, fault: Fault, job: Job, kind: str
+    ) -> None:
         if not self._still(slot, machine, fault, job):
             return
         self._note(fault, "in_job")
-        self._raise(
-            slot, (REPLICA_MISMATCH, fault.id), InJobFinding(REPLICA_MISMATCH, fault.gpu), job
-        )
+        self._raise(slot, (kind, fault.id), InJobFinding(kind, fault.gpu), job)
         self.engine.scheduler.sdc_caught(fault, job)
 
     def _name_clocks(self, slot: Slot, machine: int | None, fault: Fault, job: Job) -> None:

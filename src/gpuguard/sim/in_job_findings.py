@@ -4,7 +4,8 @@ code (``checks.in_job``), from the simulator's compact key.
 A verdict is built as the ``training.verdicts.Verdict`` a job would write and turned into
 its finding by ``checks.in_job.verdict_check.finding_for``: ``IN_JOB_FAIL_SLOW`` (replace,
 deferred until the job has saved a checkpoint after the verdict, then critical and at
-once) and ``IN_JOB_REPLICA_MISMATCH`` (critical, replace, at once). A GPU clocked below
+once), ``IN_JOB_REPLICA_MISMATCH`` and ``IN_JOB_COMPUTE_MISMATCH`` (critical, replace,
+at once). A GPU clocked below
 its busy siblings is the ``LOAD_CLOCK_BELOW_SIBLINGS`` finding of the ``load-clocks``
 rules (reset, deferred).
 """
@@ -23,6 +24,7 @@ from gpuguard.training.verdicts import Verdict, VerdictKind
 
 FAIL_SLOW = str(VerdictKind.FAIL_SLOW)
 REPLICA_MISMATCH = str(VerdictKind.REPLICA_MISMATCH)
+COMPUTE_MISMATCH = str(VerdictKind.COMPUTE_MISMATCH)
 LOAD_CLOCK = LOAD_CLOCK_BELOW_SIBLINGS
 
 

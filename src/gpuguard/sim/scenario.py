@@ -15,7 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpuguard.config import DeepChecks as AgentDeepChecks
 from gpuguard.config import describe_invalid, read_yaml_mapping
 from gpuguard.errors import ConfigError
-from gpuguard.training.monitor import DEFAULT_WINDOW_STEPS
+from gpuguard.training.monitor import (
+    DEFAULT_COMPUTE_INTERVAL,
+    DEFAULT_COMPUTE_RECHECKS,
+    DEFAULT_WINDOW_STEPS,
+)
 from gpuguard.training.replicas import ReplicaCheck
 from gpuguard.training.straggler import StragglerPolicy
 
@@ -199,6 +203,20 @@ class InJob(_Strict):
     sdc_parameter_share: Share = Field(
         default=0.5,
         description="Share of corrupting GPUs whose errors reach their replica's parameters",
+    )
+    probe_steps: int = Field(
+        default=DEFAULT_COMPUTE_INTERVAL,
+        ge=0,
+        description="Steps between compute-probe rounds (0: the jobs run no probe)",
+    )
+    probe_rechecks: int = Field(
+        default=DEFAULT_COMPUTE_RECHECKS,
+        ge=1,
+        description="Re-checks of a probe suspect, recheck_steps apart; one odd names it",
+    )
+    sdc_probe_round_share: Share = Field(
+        default=0.5,
+        description="Chance that one probe round shows a corrupting GPU's wrong passes",
     )
     false_verdicts_per_node_day: NonNegative = Field(
         default=0.0, description="Healthy ranks named slow, per node-day of running jobs"

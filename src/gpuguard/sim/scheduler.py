@@ -216,9 +216,9 @@ class Scheduler:
         self._armed_sdc[fault.id, job.id] = (event, now, good)
 
     def sdc_caught(self, fault: Fault, job: Job) -> None:
-        """The job's own replica check named the corrupting GPU: it stops and resumes from
-        its last checkpoint before the corruption now, not when its owners would have
-        traced the bad results (``sim/in_job.py``)."""
+        """The job's replica check or compute probe named the corrupting GPU: it stops and
+        resumes from its last checkpoint before the corruption now, not when its owners
+        would have traced the bad results (``sim/in_job.py``)."""
         armed = self._armed_sdc.get((fault.id, job.id))
         if armed is None:
             return

@@ -60,6 +60,8 @@ DEFAULT_WINDOW_STEPS = 6
 DEFAULT_COMPUTE_INTERVAL = 200
 """Steps between probe rounds: one extra probe pass per 200 steps costs 0.5 % of compute
 when the probe batch is one micro-batch of a one-micro-batch step (less with accumulation)."""
+DEFAULT_COMPUTE_RECHECKS = 8
+"""A probe suspect is re-checked up to this many times, ``replica_recheck_after`` apart."""
 _PARAMETERS = "parameters"
 _PROBE_GRADIENTS = "gradients of the probe batch"
 
@@ -81,6 +83,7 @@ class JobMonitor:
         replica_rtol: float = 0.0,
         compute_interval: int = DEFAULT_COMPUTE_INTERVAL,
         compute_rtol: float = 0.0,
+        compute_rechecks: int = DEFAULT_COMPUTE_RECHECKS,
         verdict_dir: str | os.PathLike[str] | None = None,
         ttl_s: float = DEFAULT_TTL_S,
         exchange: Exchange | None = None,
@@ -103,7 +106,11 @@ class JobMonitor:
             replica_interval, replica_recheck_after, replica_rtol, _PARAMETERS
         )
         self._probes = ReplicaCheck(
-            compute_interval, replica_recheck_after, compute_rtol, _PROBE_GRADIENTS
+            compute_interval,
+            replica_recheck_after,
+            compute_rtol,
+            _PROBE_GRADIENTS,
+            rechecks=compute_rechecks,
         )
         if exchange is None:
             exchange = BackgroundExchange(
@@ -172,7 +179,10 @@ class JobMonitor:
         computing the same thing get the same bits, so a rank whose GPU computes wrong
         values in the forward or backward pass is outside the majority: the corruption
         replica agreement cannot see, because the all-reduce averages it into every
-        replica alike. Named COMPUTE_MISMATCH after the re-check."""
+        replica alike. A rank outside the majority is re-checked every
+        ``replica_recheck_after`` steps, up to ``compute_rechecks`` times, and named
+        COMPUTE_MISMATCH when one of them finds it odd again: a GPU that computes wrong
+        only now and then is named too, one odd round alone (a transient) is not."""
         return self._check(step, self._probes, probe)
 
     def _check(

@@ -13,7 +13,10 @@ Every ``interval`` steps each rank takes a `fingerprint` of its parameters and t
 vote within each replica group (ranks that must hold identical parameters; the caller
 names the group). A rank outside a strict majority of its group is a suspect; it is named
 only if it is odd again at the re-check ``recheck_after`` steps later, which rules out a
-transient (a flip that healed, a fault in the fingerprint itself). Two replicas that
+transient (a flip that healed, a fault in the fingerprint itself). With ``rechecks`` > 1
+(the probe's: a GPU may compute wrong only now and then) a suspect that agrees is
+re-checked again, every ``recheck_after`` steps, up to that many times; odd at any of them
+names it. Two replicas that
 disagree, or a group with no strict majority, name no one: the round is inconclusive.
 
 Covered: plain DP, and the DP dimension of FSDP/HSDP/TP/PP jobs, where the ranks that hold
@@ -116,13 +119,17 @@ class ReplicaCheck:
     recheck_after: int = 10
     rtol: float = 0.0
     subject: str = "parameters"  # what the replicas fingerprint, for the evidence
-    _suspects: dict[int, int] = field(default_factory=dict, init=False)  # rank -> first odd
+    # Re-checks of a suspect before it is forgotten (wrong parameters stay wrong: one is
+    # enough; wrong arithmetic may come and go).
+    rechecks: int = 1
+    # rank -> (the round that first found it odd, re-checks left)
+    _suspects: dict[int, tuple[int, int]] = field(default_factory=dict, init=False)
     _named: dict[int, Mismatch] = field(default_factory=dict, init=False)
     _recheck_at: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        if self.interval < 1 or self.recheck_after < 1:
-            raise ValueError("interval and recheck_after must be at least 1")
+        if min(self.interval, self.recheck_after, self.rechecks) < 1:
+            raise ValueError("interval, recheck_after and rechecks must be at least 1")
 
     def due(self, step: int) -> bool:
         return step % self.interval == 0 or step == self._recheck_at
@@ -135,15 +142,18 @@ class ReplicaCheck:
         result = vote(groups, self.rtol)
         self._recheck_at = None
         odd = set(result.odd)
-        for rank in list(self._suspects):
+        for rank, (first, left) in list(self._suspects.items()):
             if rank not in odd:
-                del self._suspects[rank]  # agreed again: a transient
+                if left > 1:
+                    self._suspects[rank] = (first, left - 1)
+                else:
+                    del self._suspects[rank]  # agreed at every re-check: a transient
         for rank in odd:
             if rank in self._named:
                 old = self._named[rank]
                 self._named[rank] = Mismatch(rank, old.first_step, step, old.evidence)
             elif rank in self._suspects:
-                first = self._suspects.pop(rank)
+                first, _ = self._suspects.pop(rank)
                 group = groups[rank][0]
                 size = sum(1 for g, _ in groups.values() if _group_key(g) == _group_key(group))
                 self._named[rank] = Mismatch(
@@ -154,7 +164,7 @@ class ReplicaCheck:
                     f"({size} ranks) at step {first} and again at step {step}",
                 )
             else:
-                self._suspects[rank] = step
+                self._suspects[rank] = (step, self.rechecks)
         if self._suspects:
             self._recheck_at = self.recheck_step(step)
         return ReplicaRound(step, result, dict(self._named), self.subject)
