@@ -13,8 +13,11 @@ Method, real processes on loopback, in one run:
   timed, every 6 steps the ranks exchange their records (on the monitor's worker thread,
   as by default) and judge the tables that are back, and once a block
   (every 48 steps, about the default 50) they fingerprint 1 Mi float32 parameters and
-  vote. Reported: the monitor's own time (every call into it, timed) over the step time,
-  and the block-time ratio with over without (the side-by-side figure, noisier);
+  vote, and run the compute probe: one more step's compute (the product and the device
+  time) whose 1 Mi float32 "gradients" they fingerprint and vote on (the default interval
+  is 200 steps: that share scales by 48/200). Reported: the monitor's own time (every call
+  into it, timed, but the probe's) over the step time, the probe's share (its compute and
+  its round, timed), and the block-time ratio with over without (the side-by-side figure, noisier);
 - detection: a 16-rank job of the same steps in which one rank is 15 % slower from a
   random step; the steps and seconds from that step to its verdict, ``--trials`` times.
 
@@ -41,6 +44,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the host thread of a GPU j
 import numpy as np
 
 from gpuguard.training import BackgroundExchange, JobMonitor, LoopbackExchange
+from gpuguard.training.monitor import DEFAULT_COMPUTE_INTERVAL
 
 BLOCK = 48
 OVERHEAD_RANKS = 8
@@ -59,7 +63,8 @@ class Timed:
         started = time.perf_counter()
         getattr(self.monitor, name)(*args)
         took = time.perf_counter() - started
-        self.spent += took
+        if name != "check_compute":  # the probe's own step is reported on its own
+            self.spent += took
         self.by_call[name] = self.by_call.get(name, 0.0) + took
 
 
@@ -74,6 +79,7 @@ def rank_main(args: argparse.Namespace) -> None:
         gpu="",
         verdict_dir=args.verdict_dir,
         replica_interval=BLOCK,
+        compute_interval=BLOCK,
         exchange=BackgroundExchange(LoopbackExchange(rank, world, args.monitor_port)),
     )
     timed = Timed(monitor)
@@ -81,6 +87,13 @@ def rank_main(args: argparse.Namespace) -> None:
     matrix = noise.standard_normal((128, 128))
     params = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
     gradient = [0.0] * 32
+
+    def probe() -> np.ndarray:
+        """One step's compute on the probe batch: as costly as a step's own."""
+        matrix @ matrix
+        time.sleep(args.step_s)
+        return params  # stands for gradients of the parameters' size
+
     blocks: list[dict[str, object]] = []
     step, named_at, named_wall, onset_wall = 0, None, None, None
     order = [False, True, True, False] * args.pairs
@@ -103,6 +116,7 @@ def rank_main(args: argparse.Namespace) -> None:
             if monitored:
                 timed.call("end_step")
                 timed.call("check_replicas", step, {"w": params})
+                timed.call("check_compute", step, probe)
             if monitor.verdict is not None and named_at is None:
                 named_at, named_wall = step, time.perf_counter()
             step += 1
@@ -239,6 +253,12 @@ def main() -> None:
         f"(max over ranks {100 * cost['self_share_max']:.3f} %), blocks with/without "
         f"x{cost['block_ratio_median']:.4f} (range {cost['block_ratio_min']:.4f}-"
         f"{cost['block_ratio_max']:.4f}) at {cost['step_s_measured']:.4f} s/step"
+    )
+    probe = cost.get("check_compute_share", 0.0)
+    print(
+        f"compute probe (one step's compute and its round): every {BLOCK} steps"
+        f" {100 * probe:.3f} % of step time, so every {DEFAULT_COMPUTE_INTERVAL} steps"
+        f" {100 * probe * BLOCK / DEFAULT_COMPUTE_INTERVAL:.3f} %"
     )
     found = detection(args.step_s, args.trials)
     print(json.dumps({"detection": found}, indent=1))

@@ -24,9 +24,10 @@ PyTorch only when its state holds their objects)::
 and runs under ``gpuguard run --checkpoint-dir DIR -- python train.py`` (see launcher.py).
 
 A `JobMonitor` finds, while the job runs, the rank whose GPU computes slower than its
-peers' (FAIL_SLOW), whose communication alone is slow (LINK_SLOW), or whose parameters
-differ from its replicas' (REPLICA_MISMATCH), and writes that rank's verdict on its own
-node for the agent (``$GPUGUARD_IN_JOB_DIR``; docs/in_job.md)::
+peers' (FAIL_SLOW), whose communication alone is slow (LINK_SLOW), whose parameters
+differ from its replicas' (REPLICA_MISMATCH), or whose gradients of the job's probe batch
+do (COMPUTE_MISMATCH), and writes that rank's verdict on its own node for the agent
+(``$GPUGUARD_IN_JOB_DIR``; docs/in_job.md)::
 
     from gpuguard.training import JobMonitor
 
@@ -38,6 +39,7 @@ node for the agent (``$GPUGUARD_IN_JOB_DIR``; docs/in_job.md)::
                 all_reduce(gradients)
             optimizer.step()
         monitor.check_replicas(step, model)     # parameter fingerprints every 50 steps
+        monitor.check_compute(step, probe)      # the probe batch's gradients every 200
         if step % interval == 0:
             checkpointer.save(step, state, blocking=True)
             monitor.checkpoint_saved(step)
