@@ -50,9 +50,44 @@ def test_a_rank_below_the_ratio_is_not_named():
         assert judge.judge(sync_table(window, computes(16, noise, {3: 1.07}))) == {}
 
 
+def test_a_rank_that_becomes_7_percent_slower_than_its_past_and_its_peers_is_named():
+    judge, noise = StragglerJudge(16), np.random.default_rng(21)
+    for window in range(20):  # its own baseline: 20 windows at its peers' pace
+        assert (
+            judge.judge(
+                sync_table(window, computes(16, noise, {})),
+            )
+            == {}
+        )
+    named_after = []
+    for window in range(20, 32):
+        named = judge.judge(sync_table(window, computes(16, noise, {3: 1.07})))
+        assert set(named) <= {3}
+        named_after.append(bool(named))
+    assert named_after.index(True) == 7, "named after change_persistence (8) windows"
+    slowness = judge.judge(sync_table(32, computes(16, noise, {3: 1.07})))[3]
+    assert slowness.kind is VerdictKind.FAIL_SLOW and slowness.first_step == 20 * WINDOW
+    assert 1.05 < slowness.ratio < 1.09 and "its own past" in slowness.evidence
+    for window in range(33, 37):  # back at pace: released after persistence windows
+        named = judge.judge(sync_table(window, computes(16, noise, {})))
+    assert named == {}
+    off = StragglerJudge(16, StragglerPolicy(change_ratio=None))
+    for window in range(40):
+        slow = {3: 1.07} if window >= 20 else {}
+        assert off.judge(sync_table(window, computes(16, noise, slow))) == {}
+
+
+def test_a_job_wide_slowdown_and_a_rank_slower_from_its_start_are_no_change():
+    judge, noise = StragglerJudge(16), np.random.default_rng(22)
+    for window in range(200):
+        everyone = 1.07 if window >= 20 else 1.0  # a new phase of the job: all ranks
+        compute = [c * everyone for c in computes(16, noise, {5: 1.07})]  # rank 5 always
+        assert judge.judge(sync_table(window, compute)) == {}
+
+
 def test_a_higher_ratio_setting_spares_a_15_percent_rank_and_a_lower_one_names_it():
-    strict = StragglerJudge(8, StragglerPolicy(ratio=1.20))
-    loose = StragglerJudge(8, StragglerPolicy(ratio=1.05, persistence=2))
+    strict = StragglerJudge(8, StragglerPolicy(ratio=1.20, change_ratio=None))
+    loose = StragglerJudge(8, StragglerPolicy(ratio=1.05, persistence=2, change_ratio=1.05))
     noise = np.random.default_rng(3)
     for window in range(40):
         table = sync_table(window, computes(8, noise, {2: 1.15}))

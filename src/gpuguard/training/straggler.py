@@ -23,6 +23,15 @@ A rank is named once it is slow ``persistence`` windows in a row (FAIL_SLOW or
 LINK_SLOW), and released once it is back within ``ratio`` for ``persistence`` windows.
 Each rank's own baseline (the median of its recent unflagged windows) marks the change
 point in the evidence: how much slower it became than itself, and from which step.
+
+A smaller slowdown is a finding only as a change: a rank whose compute is at least
+``change_ratio`` times its peers' median (with the same ``spread_k`` margin) and whose
+ratio to its peers is ``change_ratio`` times its usual one (the median over at least
+``change_baseline`` healthy windows), for ``change_persistence`` windows in a row, is
+named FAIL_SLOW too. GPUs of one model differ by a few per cent, and stay so: such a
+difference is in the rank's usual ratio from its first windows. A job-wide change (a new
+phase, longer sequences) moves every rank and no ratio. A GPU that becomes 5-10 % slower
+than it was, while its peers do not, has changed.
 The judge names minorities: if half the job slows down at once, the median moves with it.
 """
 
@@ -45,12 +54,22 @@ class StragglerPolicy:
     persistence: int = 4  # windows in a row, to be named and to be released
     spread_k: float = 3.0  # robust deviations of the peers the excess must also exceed
     baseline_windows: int = 32  # the rank's own recent healthy windows it is compared with
+    # A smaller slowdown against peers and against the rank's own past (None: not judged).
+    change_ratio: float | None = 1.05
+    change_persistence: int = 8  # windows in a row: weaker evidence, so more of it
+    change_baseline: int = 8  # own healthy windows needed before a change is judged
 
     def __post_init__(self) -> None:
         if self.ratio <= 1.0:
             raise ValueError(f"ratio {self.ratio} must be above 1")
-        if self.persistence < 1 or self.baseline_windows < 1:
-            raise ValueError("persistence and baseline_windows must be at least 1")
+        if self.change_ratio is not None and not 1.0 < self.change_ratio <= self.ratio:
+            raise ValueError(f"change_ratio {self.change_ratio} must be above 1, at most ratio")
+        if min(self.persistence, self.baseline_windows, self.change_persistence) < 1:
+            raise ValueError(
+                "persistence, baseline_windows and change_persistence must be at least 1"
+            )
+        if not 1 <= self.change_baseline <= self.baseline_windows:
+            raise ValueError("change_baseline must be between 1 and baseline_windows")
 
 
 @dataclass(frozen=True)
@@ -68,10 +87,14 @@ class Slowness:
 @dataclass
 class _RankState:
     baseline: deque[float]  # compute of the latest healthy windows
+    usual_ratio: deque[float]  # its compute over its peers' median, in the same windows
     slow_ratios: deque[float]  # of the latest compute-slow windows
     link_ratios: deque[float]
+    change_ratios: deque[float]
     slow_run: int = 0  # compute-slow windows in a row
     slow_from: int = 0  # the first step of that run
+    change_run: int = 0  # changed windows in a row (slower than its peers and its past)
+    change_from: int = 0
     link_run: int = 0
     link_from: int = 0
     ok_run: int = 0  # windows in a row back within ratio, while named
@@ -82,6 +105,7 @@ class _RankState:
 class _Window:
     compute_slow: bool
     link_slow: bool
+    compute_clear: bool  # its compute exceeds its peers' median by spread_k deviations
     compute_ratio: float
     link_ratio: float
     peers_compute_s: float
@@ -96,8 +120,10 @@ class StragglerJudge:
         self._ranks = [
             _RankState(
                 baseline=deque(maxlen=self.policy.baseline_windows),
+                usual_ratio=deque(maxlen=self.policy.baseline_windows),
                 slow_ratios=deque(maxlen=runs),
                 link_ratios=deque(maxlen=runs),
+                change_ratios=deque(maxlen=self.policy.change_persistence),
             )
             for _ in range(world_size)
         ]
@@ -128,16 +154,25 @@ class StragglerJudge:
                 state.link_from = record.first_step
             if window.link_slow:
                 state.link_ratios.append(window.link_ratio)
-        if not window.compute_slow:
+        changed = self._changed(state, window)
+        state.change_run = state.change_run + 1 if changed else 0
+        if state.change_run == 1:
+            state.change_from = record.first_step
+        if changed:
+            state.change_ratios.append(window.compute_ratio)
+        if not window.compute_slow and not changed:  # the baseline keeps the rank's past
             state.baseline.append(record.compute_s)
+            state.usual_ratio.append(window.compute_ratio)
 
         if state.slow_run >= policy.persistence:
             self._name(state, record, window, VerdictKind.FAIL_SLOW)
+        elif state.change_run >= policy.change_persistence:
+            self._name(state, record, window, VerdictKind.FAIL_SLOW, change=True)
         elif link_judged and state.link_run >= policy.persistence:
             self._name(state, record, window, VerdictKind.LINK_SLOW)
         elif state.named is not None:
             if state.named.kind is VerdictKind.FAIL_SLOW:
-                still = window.compute_slow
+                still = window.compute_slow or changed
             elif link_judged:
                 still = window.link_slow
             else:
@@ -146,27 +181,40 @@ class StragglerJudge:
             if state.ok_run >= policy.persistence:
                 state.named, state.ok_run = None, 0
 
+    def _changed(self, state: _RankState, window: _Window) -> bool:
+        """Slower than its peers by ``change_ratio``, and by as much more than it usually
+        is (a compute-slow window too: a rank near ``ratio`` may cross it now and then)."""
+        threshold = self.policy.change_ratio
+        if threshold is None or len(state.usual_ratio) < self.policy.change_baseline:
+            return False
+        if window.compute_ratio < threshold or not window.compute_clear:
+            return False  # most windows stop here: the median below only for candidates
+        return window.compute_ratio >= threshold * statistics.median(state.usual_ratio)
+
     def _name(
         self,
         state: _RankState,
         record: WindowRecord,
         window: _Window,
         kind: VerdictKind,
+        *,
+        change: bool = False,
     ) -> None:
         policy = self.policy
         state.ok_run = 0
-        runs, first, ratios = (
-            (state.slow_run, state.slow_from, state.slow_ratios)
-            if kind is VerdictKind.FAIL_SLOW
-            else (state.link_run, state.link_from, state.link_ratios)
-        )
+        if change:
+            runs, first, ratios = state.change_run, state.change_from, state.change_ratios
+        elif kind is VerdictKind.FAIL_SLOW:
+            runs, first, ratios = state.slow_run, state.slow_from, state.slow_ratios
+        else:
+            runs, first, ratios = state.link_run, state.link_from, state.link_ratios
         state.named = Slowness(
             rank=record.rank,
             kind=kind,
             ratio=statistics.median(ratios),
             first_step=first,
             last_step=record.last_step,
-            evidence=_evidence(kind, record, window, state, runs, first, policy),
+            evidence=_evidence(kind, record, window, state, runs, first, policy, change),
         )
 
 
@@ -204,16 +252,21 @@ def _judge_window(timed: list[WindowRecord], policy: StragglerPolicy) -> dict[in
         comm_excess = comm.values[index] - comm_median
         compute_ratio = record.compute_s / compute_median if compute_median > 0 else 1.0
         link_ratio = 1.0 + comm_excess / step_median if step_median > 0 else 1.0
-        compute_slow = (
-            compute_ratio >= policy.ratio and compute_excess > policy.spread_k * compute.spread
-        )
+        compute_clear = compute_excess > policy.spread_k * compute.spread
+        compute_slow = compute_ratio >= policy.ratio and compute_clear
         link_slow = (
             not compute_slow
             and link_ratio >= policy.ratio
             and comm_excess > policy.spread_k * comm.spread
         )
         windows[record.rank] = _Window(
-            compute_slow, link_slow, compute_ratio, link_ratio, compute_median, comm_median
+            compute_slow,
+            link_slow,
+            compute_clear,
+            compute_ratio,
+            link_ratio,
+            compute_median,
+            comm_median,
         )
     return windows
 
@@ -232,6 +285,7 @@ def _evidence(
     runs: int,
     first: int,
     policy: StragglerPolicy,
+    change: bool,
 ) -> str:
     if kind is VerdictKind.FAIL_SLOW:
         text = (
@@ -243,10 +297,17 @@ def _evidence(
             f"communication {record.comm_s:.4g} s/step against its peers' median "
             f"{window.peers_comm_s:.4g} s, steps x{window.link_ratio:.3f} longer for it"
         )
-    text += (
-        f", {runs} windows in a row from step {first} (ratio {policy.ratio}, "
-        f"persistence {policy.persistence})"
-    )
+    if change:
+        text += (
+            f", {runs} windows in a row from step {first} slower than its peers and its own"
+            f" past (change_ratio {policy.change_ratio}, persistence"
+            f" {policy.change_persistence})"
+        )
+    else:
+        text += (
+            f", {runs} windows in a row from step {first} (ratio {policy.ratio}, "
+            f"persistence {policy.persistence})"
+        )
     if state.baseline:
         own = statistics.median(state.baseline)
         if own > 0:
