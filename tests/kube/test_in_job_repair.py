@@ -167,18 +167,28 @@ def test_a_slow_gpu_waits_for_the_checkpoint_then_the_job_resumes_on_a_healthy_n
     assert not job_status(api, jobs, name).get("failed")
 
 
-def test_a_replica_mismatch_is_drained_at_once(api, jobs, start, tmp_path):
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        (("--corrupt-rank=1", "--corrupt-at=20"), VerdictKind.REPLICA_MISMATCH),
+        (
+            ("--miscompute-rank=1", "--miscompute-from=20", "--compute-interval=25"),
+            VerdictKind.COMPUTE_MISMATCH,
+        ),
+    ],
+    ids=["flipped-parameter", "wrong-gradients"],
+)
+def test_wrong_results_are_drained_at_once(api, jobs, start, tmp_path, fault, kind):
     start_agent, start_controller = start
     name, first, healthy = start_on_sick_node(api, jobs, training_job())
     sick = first["spec"]["nodeName"]
     directory = start_agent(sick)
     start_controller()
-    corrupt = ("--corrupt-rank=1", "--corrupt-at=20")
-    ranks = job_ranks(directory, f"{jobs}/{name}", sick, tmp_path, *corrupt)
+    ranks = job_ranks(directory, f"{jobs}/{name}", sick, tmp_path, *fault)
     try:
         second = resumed(api, jobs, name, first)
         (verdict,) = read_verdicts(directory)[0]
-        assert (verdict.kind, verdict.rank) == (VerdictKind.REPLICA_MISMATCH, 1)
+        assert (verdict.kind, verdict.rank) == (kind, 1)
     finally:
         stop_ranks(ranks)
     assert second["spec"]["nodeName"] == healthy

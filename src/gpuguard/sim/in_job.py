@@ -5,7 +5,10 @@ As ``gpuguard.training`` does in a real job: each rank times its compute per ste
 ``window_steps`` the ranks exchange their records, and a rank whose compute is above its
 peers' median by ``ratio`` for ``persistence_windows`` windows in a row is named (a
 FAIL_SLOW verdict on its node; the judge needs three ranks); it withdraws the verdict after
-as many windows back within the ratio. Every ``fingerprint_steps`` the replicas compare
+as many windows back within the ratio. A smaller slowdown, down to ``change_ratio``, is
+named after ``change_persistence_windows`` when it began under the job after
+``change_baseline_windows`` at full pace (a change from the rank's own past; a GPU slow
+when the job started is the job's usual). Every ``fingerprint_steps`` the replicas compare
 parameter fingerprints, and one outside a strict majority (three replicas or more) that is
 odd again ``recheck_steps`` later is named (REPLICA_MISMATCH), for good. Corruption that
 the all-reduce spreads to every replica alike is left to the compute probe: every
@@ -116,9 +119,12 @@ class InJobPath:
                 self._watch_clocks(slot, fault, job)
             if not self.adopted(job) or job.nodes * config.ranks_per_node < MIN_RANKS:
                 return
-            if fault.slowdown * config.ratio > 1.0:
-                return  # within the judge's ratio: not told apart from jitter
-            windows = config.persistence_windows + (draw() if onset else 0.0)
+            if fault.slowdown * config.ratio <= 1.0:
+                windows = config.persistence_windows + (draw() if onset else 0.0)
+            elif onset and self._a_change(fault, job):
+                windows = config.change_persistence_windows + draw()
+            else:
+                return  # within the judge's ratio, and no change it can see
             self._at(windows * config.window_steps * step_s, self._name_slow, slot, fault, job)
         elif fault.effect is Effect.SILENT:
             if not self.adopted(job) or self.replicas(job) < 3:
@@ -152,6 +158,15 @@ class InJobPath:
                         return at + n * apart
             at += every  # the regular rounds go on (a re-check at a round's step is one)
         return None
+
+    def _a_change(self, fault: Fault, job: Job) -> bool:
+        """A slowdown within ``ratio`` the judge names as a change: beyond
+        ``change_ratio``, after the rank's usual pace was seen long enough."""
+        config = self.config
+        if config.change_ratio is None or fault.slowdown * config.change_ratio > 1.0:
+            return False
+        usual_s = config.change_baseline_windows * config.window_steps * config.step_s
+        return self.engine.now - job.segment_start >= usual_s
 
     def _watch_clocks(self, slot: Slot, fault: Fault, job: Job) -> None:
         if fault.slowdown >= 1.0 - AGENT_CLOCKS.tolerance:

@@ -192,6 +192,21 @@ class InJob(_Strict):
     ratio: float = Field(
         default=_STRAGGLER.ratio, gt=1, description="Compute time over peers' median"
     )
+    change_ratio: float | None = Field(
+        default=_STRAGGLER.change_ratio,
+        gt=1,
+        description="A smaller slowdown named as a change from the rank's own past (null: off)",
+    )
+    change_persistence_windows: int = Field(
+        default=_STRAGGLER.change_persistence,
+        ge=1,
+        description="Windows in a row before a changed rank is named",
+    )
+    change_baseline_windows: int = Field(
+        default=_STRAGGLER.change_baseline,
+        ge=1,
+        description="Windows a rank must have run at its usual pace before a change is judged",
+    )
     fingerprint_steps: int = Field(
         default=_REPLICAS.interval, ge=1, description="Steps between fingerprint rounds"
     )
