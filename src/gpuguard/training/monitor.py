@@ -21,9 +21,9 @@ Every rank of the job makes the same calls at the same steps (they are collectiv
 At the end of every window of ``window_steps`` steps the ranks exchange one record each
 (on a worker thread, so the loop does not wait for it) and all run the judge on the table
 when it is back, a step or so later. A named rank writes its verdict (one at a time: a
-replica mismatch, a compute mismatch, fail-slow, link-slow) into ``verdict_dir``, refreshes it
-every window, and withdraws it when it recovers. The monitor never stops the job: an exchange
-that fails is logged and the monitor turns itself off.
+replica mismatch, a compute mismatch, fail-slow, link-slow) into ``verdict_dir``,
+refreshes it every window, and withdraws it when it recovers. The monitor never stops the
+job: an exchange that fails is logged and the monitor turns itself off.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ log = logging.getLogger("gpuguard.training")
 DEFAULT_WINDOW_STEPS = 6
 """Steps per exchanged window: 6 x 4 windows names a rank within 28 steps of its onset."""
 DEFAULT_COMPUTE_INTERVAL = 200
-"""Steps between probe rounds: one extra probe pass per 200 steps costs 0.5 % of compute
-when the probe batch is one micro-batch of a one-micro-batch step (less with accumulation)."""
+"""Steps between probe rounds: one probe per 200 steps costs 0.5 % of compute when the
+probe is a whole step's work, less where a step accumulates several micro-batches."""
 DEFAULT_COMPUTE_RECHECKS = 8
 """A probe suspect is re-checked up to this many times, ``replica_recheck_after`` apart."""
 _PARAMETERS = "parameters"

@@ -6,8 +6,8 @@ the same result). A GPU that silently corrupts its replica's own state (its
 parameters or optimiser state in memory, or the optimiser step it computes) leaves that
 replica different, and since later steps update all replicas alike, the difference stays.
 A wrong value computed before the gradient all-reduce is averaged into every replica
-alike: this cannot see it, and a probe can (`ReplicaCheck` again, over the gradients
-every replica computes on one fixed batch before any all-reduce: ``JobMonitor.check_compute``).
+alike: this cannot see it; the compute probe can (``JobMonitor.check_compute``: a
+`ReplicaCheck` too, over the gradients every replica computes on one fixed batch).
 
 Every ``interval`` steps each rank takes a `fingerprint` of its parameters and the ranks
 vote within each replica group (ranks that must hold identical parameters; the caller
@@ -16,8 +16,8 @@ only if it is odd again at the re-check ``recheck_after`` steps later, which rul
 transient (a flip that healed, a fault in the fingerprint itself). With ``rechecks`` > 1
 (the probe's: a GPU may compute wrong only now and then) a suspect that agrees is
 re-checked again, every ``recheck_after`` steps, up to that many times; odd at any of them
-names it. Two replicas that
-disagree, or a group with no strict majority, name no one: the round is inconclusive.
+names it. Two replicas that disagree, or a group with no strict majority, name no one:
+the round is inconclusive.
 
 Covered: plain DP, and the DP dimension of FSDP/HSDP/TP/PP jobs, where the ranks that hold
 the same shard form a group (pass the shard's index as the group). Not covered: ranks that
@@ -43,11 +43,11 @@ def fingerprint(parameters: Any, *, rtol: float = 0.0) -> Fingerprint:
     """A few numbers that differ when one element of ``parameters`` does.
 
     ``parameters``: a mapping of name to array (taken in name order), a torch module, one
-    NumPy array or torch tensor, or an iterable of them. With ``rtol == 0`` (the default) the sum
-    of each array's bit patterns as integers (mod 2**64), folded in order: one pass over
-    memory, on the tensor's own device, deterministic, and changed by any one element
-    changing. With ``rtol > 0``: the float64 sum and sum of magnitudes, to be compared
-    within ``rtol`` (see `agree`).
+    NumPy array or torch tensor, or an iterable of them. With ``rtol == 0`` (the default)
+    the sum of each array's bit patterns as integers (mod 2**64), folded in order: one
+    pass over memory, on the tensor's own device, deterministic, and changed by any one
+    element changing. With ``rtol > 0``: the float64 sum and sum of magnitudes, to be
+    compared within ``rtol`` (see `agree`).
     """
     arrays = list(_arrays(parameters))
     if rtol > 0:
