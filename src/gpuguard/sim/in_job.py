@@ -16,9 +16,10 @@ the all-reduce spreads to every replica alike is left to the compute probe: ever
 the corruption with ``sdc_probe_round_share``; an odd rank is re-checked every
 ``recheck_steps`` up to ``probe_rechecks`` times, and named (COMPUTE_MISMATCH) when one
 shows it again. As the agent does, a verdict stands when its job ends (the GPU did not
-recover) until a repair of the node forgets it. The agent's ``load-clocks`` check samples busy GPUs every check round and
-names one whose SM clock is below its siblings' by its ``tolerance`` in most of a window of
-``min_samples`` loaded samples: here a power-brake fail-slow on a node running a job.
+recover) until a repair of the node forgets it. The agent's ``load-clocks`` check samples
+busy GPUs every check round and names one whose SM clock is below its siblings' by its
+``tolerance`` in most of a window of ``min_samples`` loaded samples: here a power-brake
+fail-slow on a node running a job.
 
 Cheap by construction: work is done per fault onset, job start and end, verdict and
 repair, never per controller pass. The findings are the real checks' (``in_job_findings``).
