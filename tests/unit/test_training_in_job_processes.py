@@ -142,12 +142,16 @@ def test_a_rank_that_corrupts_one_parameter_element_is_named_after_the_recheck(t
     # steps later names it.
     assert bad["kinds"] == [VerdictKind.REPLICA_MISMATCH], bad
     assert corrupt_at < bad["named_at"] <= corrupt_at + 50 + 10, (corrupt_at, bad)
+    assert_named_alone(run, corrupt_rank, VerdictKind.REPLICA_MISMATCH)
+
+
+def assert_named_alone(run: JobRun, rank: int, kind: VerdictKind) -> None:
+    """Every rank named ``rank`` and no other; its verdict, on its own node and GPU, is
+    the only one left."""
     for report in run.reports:
-        assert report["named_ranks"] == [corrupt_rank], report
-    assert [(v.rank, v.kind, v.ratio) for v in run.final] == [
-        (corrupt_rank, VerdictKind.REPLICA_MISMATCH, 0.0)
-    ]
-    assert (run.final[0].node, run.final[0].gpu) == (node_of(corrupt_rank), gpu_of(corrupt_rank))
+        assert report["named_ranks"] == [rank], report
+    assert [(v.rank, v.kind, v.ratio) for v in run.final] == [(rank, kind, 0.0)]
+    assert (run.final[0].node, run.final[0].gpu) == (node_of(rank), gpu_of(rank))
 
 
 def test_a_rank_that_computes_wrong_gradients_is_named_by_the_probe_not_by_its_parameters(
@@ -172,13 +176,8 @@ def test_a_rank_that_computes_wrong_gradients_is_named_by_the_probe_not_by_its_p
     # The first probe round after the onset (within 30 steps) suspects it, the re-check
     # 10 steps later names it.
     assert wrong_from < bad["named_at"] <= wrong_from + 30 + 10, (wrong_from, bad)
-    for report in run.reports:
-        assert report["named_ranks"] == [bad_rank], report
-    assert [(v.rank, v.kind, v.ratio) for v in run.final] == [
-        (bad_rank, VerdictKind.COMPUTE_MISMATCH, 0.0)
-    ]
+    assert_named_alone(run, bad_rank, VerdictKind.COMPUTE_MISMATCH)
     assert "gradients of the probe batch differ" in run.final[0].evidence
-    assert (run.final[0].node, run.final[0].gpu) == (node_of(bad_rank), gpu_of(bad_rank))
 
 
 def test_a_flip_seen_by_one_round_only_is_a_transient_and_names_no_one(tmp_path):
