@@ -25,6 +25,10 @@ from gpuguard.remediation.model import (
     Settled,
 )
 from gpuguard.remediation.policy import Policy
+from gpuguard.remediation.timers import next_timer
+
+# A timer this close may compare either way in floating point: such an episode is advanced.
+TIMER_SLACK_S = 1e-3
 
 
 def decide(
@@ -50,9 +54,10 @@ def decide(
     size budgets and the breaker by the whole fleet; by default ``nodes`` is the fleet.
 
     ``settled``: the previous plan's ``settled``. An episode found there with the same
-    observation and shared cause is held again without being advanced (a rack's held
-    nodes would otherwise be advanced on every call anywhere in the fleet); the plan
-    carries that very episode object, not a copy.
+    observation and shared cause, before its ``until``, is held or left again without
+    being advanced (a rack's held nodes, or nodes waiting out a tolerance, would otherwise
+    be advanced on every call anywhere in the fleet); the plan carries that very episode
+    object, not a copy.
     """
     shared = shared_causes(nodes, policy.correlation)
     run = PlanBuilder(nodes, episodes, history, breaker, policy, now, population, shared)
@@ -65,6 +70,7 @@ def decide(
         if (
             last is not None
             and last.episode is episode
+            and now < last.until
             and last.policy is policy
             and last.node == nodes.get(name)
             and last.shared == shared.get(name, {})
@@ -100,11 +106,19 @@ def decide(
     for name, episode in sorted(work.items()):
         observed = nodes.get(name)
         if name in kept:
-            run.note(name, kept[name].note)
+            if kept[name].note:
+                run.note(name, kept[name].note)
             continue
+        steps, notes = len(episode.steps), len(run.notes)
         run.advance(episode, observed, restore_taint=name not in opened_now)
-        if observed is not None and name in run.held and name not in run.decisions:
+        if observed is None or name in run.decisions:
+            continue
+        if name in run.held:
             kept[name] = Settled(episode, observed, shared.get(name, {}), policy, run.held[name])
+        elif len(episode.steps) == steps and len(run.notes) == notes:
+            # Left untouched: only one of its own timers can change that (see ``Settled``).
+            until = next_timer(policy, observed, episode, now) - TIMER_SLACK_S
+            kept[name] = Settled(episode, observed, shared.get(name, {}), policy, "", until)
 
     decisions = [d for name in sorted(run.decisions) for d in run.decisions[name]]
     return Plan(decisions, dict(sorted(work.items())), run.breaker, run.notes, kept)

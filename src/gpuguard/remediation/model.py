@@ -7,6 +7,7 @@ same decisions. See docs/remediation.md for the episode life cycle.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -145,18 +146,22 @@ class BreakerState:
 
 @dataclass(frozen=True)
 class Settled:
-    """An episode a call left as it was, held for a reason outside the ladder (a shared
-    cause, Karpenter's repair, a do-not-disrupt pod) with nothing to do: its input and its
-    note. Given the same episode, observation, shared cause and policy, the next call
-    holds it again whatever the time, breaker, budget or history (a hold reads none of
-    them, and the tests that led to it stay passed as time goes on), so ``decide`` skips it.
+    """An episode a call left as it was, with its input: held for a reason outside the
+    ladder (a shared cause, Karpenter's repair, a do-not-disrupt pod; ``note`` says which),
+    or untouched (no step, decision or note: waiting out a tolerance, a grace, a verify).
+    Given the same episode, observation, shared cause and policy before ``until``, the next
+    call would do the same, so ``decide`` skips it: a hold reads no clock, breaker, budget
+    or history, and the tests that led to it stay passed as time goes on; an untouched
+    episode read no breaker, budget or history either (each of those reads ends in a
+    note), only the clocks of ``timers.node_timers``, and ``until`` is before the next.
     """
 
     episode: Episode  # the very object (episodes are copied on every change)
     node: NodeObservation
     shared: dict[str, str]  # the node's layers with a shared cause
     policy: Policy
-    note: str
+    note: str  # "": none
+    until: float = math.inf
 
 
 @dataclass

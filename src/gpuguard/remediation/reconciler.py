@@ -11,6 +11,7 @@ so its driver sleeps until then instead of polling.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections import Counter
@@ -34,11 +35,10 @@ from gpuguard.remediation.model import (
     Settled,
 )
 from gpuguard.remediation.policy import Policy
+from gpuguard.remediation.timers import next_timer, node_timers
 
 # A repair slot freed while others were turned away: decide again right after.
 SLOT_FREED_S = 1e-3
-# Timeouts compare with ">": look again just past them.
-PAST_S = 1e-6
 
 
 class Actuator(Protocol):
@@ -57,6 +57,14 @@ class Pass:
     opened: frozenset[str]
     failed: frozenset[str]
     deadline: float
+
+
+@dataclass(frozen=True, eq=False)
+class _Timers:
+    node: NodeObservation
+    episode: Episode
+    policy: Policy
+    times: list[float]
 
 
 def needs_attention(observed: NodeObservation) -> bool:
@@ -83,6 +91,8 @@ class Reconciler:
         self._pools: dict[str, str] = {}
         self._results: dict[tuple[str, float], ActionResult] = {}  # by episode
         self._settled: dict[str, Settled] = {}  # the last plan's (decide skips them)
+        # Each watched node's timers, sorted, with the node, episode and policy they are of.
+        self._timers: dict[str, _Timers] = {}
 
     # --- what the driver tells it -------------------------------------------------
     def load(
@@ -178,12 +188,46 @@ class Reconciler:
         opened = frozenset(plan.episodes.keys() - before.keys())
         failed = frozenset(actuator.apply(plan, opened))
         self._remember(plan, failed, now)
-        deadline = next_deadline(self.policy, observations, self.episodes, self.history, plan, now)
+        deadline = self.next_deadline(observations, plan, now)
         holders = {n for n, e in before.items() if holds_slot(e)}
         freed = holders - {n for n, e in self.episodes.items() if holds_slot(e)}
         if freed and any(" waits: budget" in note for note in plan.notes):
             deadline = min(deadline, now + SLOT_FREED_S)
         return Pass(plan, opened, failed, deadline)
+
+    def next_deadline(
+        self, observations: Mapping[str, NodeObservation], plan: Plan, now: float
+    ) -> float:
+        """The next time one of the policy's own clocks can change a decision: a node's
+        timers (``timers.node_timers``) or the breaker's window."""
+        soonest = math.inf
+        kept = self._timers
+        self._timers = {}
+        for name, node in observations.items():
+            episode = self.episodes.get(name)
+            if episode is None:  # its tolerances count from now
+                soonest = min(soonest, next_timer(self.policy, node, None, now))
+                continue
+            timers = self._timers_of(name, node, episode, now, kept.get(name))
+            later = bisect.bisect_right(timers, now)
+            if later < len(timers):
+                soonest = min(soonest, timers[later])
+        if plan.breaker.open:  # it closes as the wave leaves its window
+            window = self.policy.breaker.window_s
+            starts = [e.opened_at + window for e in [*self.episodes.values(), *self.history]]
+            soonest = min([soonest, *(t for t in starts if t > now)])
+        return soonest
+
+    def _timers_of(
+        self, name: str, node: NodeObservation, episode: Episode, now: float, known: _Timers | None
+    ) -> list[float]:
+        """The node's timers, sorted; those of the last pass when node, episode and policy
+        are the very same objects."""
+        policy = self.policy
+        if known is None or (known.node, known.episode, known.policy) != (node, episode, policy):
+            known = _Timers(node, episode, policy, sorted(node_timers(policy, node, episode, now)))
+        self._timers[name] = known
+        return known.times
 
     def _with_results(self) -> dict[str, Episode]:
         """Episodes waiting for an answer get the one that answers their rung and attempt."""
@@ -212,50 +256,3 @@ class Reconciler:
             self._results.pop((episode.node, episode.opened_at), None)
         self.history.add(closed)
         self.history.forget_before(now - self.policy.history_s)
-
-
-def next_deadline(
-    policy: Policy,
-    observations: Mapping[str, NodeObservation],
-    episodes: Mapping[str, Episode],
-    history: Iterable[Episode],
-    plan: Plan,
-    now: float,
-) -> float:
-    """The next time one of the policy's own clocks can change a decision: a layer's
-    tolerance, unknown grace or clear-after, a deferred repair's longest wait, a phase's
-    timeout, the minimum action interval, or the breaker's window. Every timer
-    ``lifecycle`` reads is here, next to it, so a driver never misses one."""
-    candidates: list[float] = []
-    timeouts = {
-        Phase.DRAINING: policy.drain_timeout_s,
-        Phase.ACTING: policy.action_timeout_s,
-        Phase.VERIFYING: policy.verify_timeout_s,
-    }
-    for name, node in observations.items():
-        episode = episodes.get(name)
-        opened = episode.opened_at if episode is not None else now
-        for layer in node.layers.values():
-            if layer.status == TRUE:
-                candidates.append(layer.since + policy.clear_after_s)
-            else:
-                tolerance = policy.tolerance_for(layer.codes)
-                candidates.append(layer.since + policy.unknown_grace_s)
-                candidates.append(max(layer.since, opened) + tolerance)
-                if layer.deferred:
-                    wait = policy.drain_and_reset.max_wait_s
-                    candidates.append(max(layer.since, opened) + wait)
-        if episode is None:
-            continue
-        timeout = timeouts.get(episode.phase)
-        if timeout is not None:
-            candidates.append(episode.phase_since + timeout + PAST_S)
-        if episode.phase is Phase.VERIFYING and policy.verify.applies_to(episode.rung):
-            candidates.append(episode.phase_since + policy.verify.timeout_s + PAST_S)
-        if episode.last_action_at is not None:
-            candidates.append(episode.last_action_at + policy.min_action_interval_s)
-    if plan.breaker.open:  # it closes as the wave leaves its window
-        window = policy.breaker.window_s
-        starts = [e.opened_at for e in [*episodes.values(), *history]]
-        candidates += [t + window for t in starts]
-    return min((c for c in candidates if c > now), default=math.inf)
