@@ -27,7 +27,7 @@ from gpuguard.remediation.model import (
 from gpuguard.remediation.policy import Policy
 from gpuguard.remediation.timers import next_timer
 
-# A timer this close may compare either way in floating point: such an episode is advanced.
+# A timer this close to now may compare either way in floating point.
 TIMER_SLACK_S = 1e-3
 
 
@@ -116,9 +116,11 @@ def decide(
         if name in run.held:
             kept[name] = Settled(episode, observed, shared.get(name, {}), policy, run.held[name])
         elif len(episode.steps) == steps and len(run.notes) == notes:
-            # Left untouched: only one of its own timers can change that (see ``Settled``).
-            until = next_timer(policy, observed, episode, now) - TIMER_SLACK_S
-            kept[name] = Settled(episode, observed, shared.get(name, {}), policy, "", until)
+            # Left untouched: only one of its own timers can change that (see ``Settled``),
+            # the next one, or one due now that read the other way in floating point.
+            until = next_timer(policy, observed, episode, now - TIMER_SLACK_S) - TIMER_SLACK_S
+            if until > now:
+                kept[name] = Settled(episode, observed, shared.get(name, {}), policy, "", until)
 
     decisions = [d for name in sorted(run.decisions) for d in run.decisions[name]]
     return Plan(decisions, dict(sorted(work.items())), run.breaker, run.notes, kept)

@@ -60,6 +60,8 @@ class GpuguardPolicy:
         self.started: set[tuple[str, float, str, int]] = set()  # (node, episode, what, attempt)
         self.false_counted: set[tuple[str, float]] = set()
         self.pending: set[float] = set()
+        # Each node's last projection and what it was made of (``_observation``).
+        self.observed: dict[int, tuple[tuple[object, ...], NodeObservation]] = {}
         self.deep = DeepSuite(engine, self.signals_changed)
         enabled = engine.scenario.in_job.enabled
         self.in_job = InJobPath(engine, self.signals_changed) if enabled else None
@@ -168,21 +170,41 @@ class GpuguardPolicy:
         episode = self.reconciler.episodes.get(slot.name)
         draining = episode is not None and episode.phase is Phase.DRAINING
         moving = int(draining and (slot.job is not None or slot.drain_until > now))
-        return NodeObservation(
-            name=slot.name,
+        # Everything the projection reads: the same again gives the same object, which
+        # the policy core then knows unchanged without comparing it field by field.
+        inputs = (
+            slot.name,
+            self.layers[index],
+            self.reported.get(index),
+            slot.tainted,
+            slot.cordoned,
+            index in self.ours,
+            moving,
+            slot.job is not None,
+            self.deep.requests.get(index),
+            self.deep.answers.get(index),
+        )
+        known = self.observed.get(index)
+        if known is not None and known[0] == inputs:
+            return known[1]
+        name, layers, reported, tainted, cordoned, ours, _, busy, request, answer = inputs
+        observation = NodeObservation(
+            name=name,
             pool=slot.pool,
-            layers=self.layers[index],
-            reported_at=self.reported.get(index),
-            tainted=slot.tainted,
-            unschedulable=slot.cordoned,
-            cordoned_by_us=index in self.ours,
+            layers=layers,
+            reported_at=reported,
+            tainted=tainted,
+            unschedulable=cordoned,
+            cordoned_by_us=ours,
             pods_to_move=moving,
             # A deferred repair waits for the node's job (one per node in the simulator).
-            pods_on_gpus=int(slot.job is not None),
-            verify_request=self.deep.requests.get(index),
-            verify=self.deep.answers.get(index),
+            pods_on_gpus=int(busy),
+            verify_request=request,
+            verify=answer,
             domain=self.domains[index],
         )
+        self.observed[index] = (inputs, observation)
+        return observation
 
     def apply(self, plan: Plan, opened: Collection[str]) -> set[str]:
         """The simulated cluster as the reconciler's actuator: nothing fails here."""
