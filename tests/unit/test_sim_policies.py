@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import numpy as np
@@ -55,6 +56,19 @@ def test_a_policy_run_does_not_depend_on_the_runs_before_it():
     together = simulate(scenario).results
     alone = simulate(scenario, policies=("gpuguard",)).results
     assert together["gpuguard"].to_dict() == alone["gpuguard"].to_dict()
+
+
+def test_the_cycle_collector_is_off_during_a_run_and_restored_after():
+    seen: set[bool] = set()
+    simulate(_scenario(), progress=lambda _name, _share: seen.add(gc.isenabled()))
+    assert seen == {False}
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate(_scenario(), policies=("none",))
+        assert not gc.isenabled()  # a caller's setting stays the caller's
+    finally:
+        gc.enable()
 
 
 def test_one_policy_setting_changes_the_outcome_through_the_real_policy():
