@@ -58,11 +58,17 @@ def test_a_policy_run_does_not_depend_on_the_runs_before_it():
     assert together["gpuguard"].to_dict() == alone["gpuguard"].to_dict()
 
 
-def test_the_cycle_collector_is_off_during_a_run_and_restored_after():
-    seen: set[bool] = set()
-    simulate(_scenario(), progress=lambda _name, _share: seen.add(gc.isenabled()))
-    assert seen == {False}
-    assert gc.isenabled()
+def test_the_cycle_collector_is_off_during_a_run_with_nothing_to_free():
+    # Off, it frees no cycle: a run must make none, nor keep the run before it alive.
+    enabled, unreachable = set(), []
+
+    def look(_name: str, _share: float) -> None:
+        enabled.add(gc.isenabled())
+        unreachable.append(gc.collect())
+
+    simulate(_scenario(), progress=look)
+    assert enabled == {False} and gc.isenabled()
+    assert len(unreachable) > 100 and not any(unreachable)
     gc.disable()
     try:
         simulate(_scenario(), policies=("none",))

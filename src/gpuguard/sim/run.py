@@ -98,8 +98,11 @@ def _one_seed(
         label = f"{name} s{scenario.seed}"
         report = (lambda f, n=label: progress(n, f)) if progress is not None else None
         run_scenario = scenario.with_in_job(False) if name == WITHOUT_IN_JOB else scenario
-        driver = _driver(name, policy)
-        results[name] = _run(run_scenario, faults, workload, driver, view, report)
+        # Around the call, the driver made in it: nothing here holds the engine at the end.
+        with _without_cycle_collector():
+            driver = _driver(name, policy)
+            results[name] = _run(run_scenario, faults, workload, driver, view, report)
+            del driver
     return results
 
 
@@ -113,12 +116,11 @@ def _run(
 ) -> PolicyResult:
     """One policy's run on its own jobs, which are gone once it is summed up (a large run's
     jobs take hundreds of MB: two policies' at once would double the peak)."""
-    with _without_cycle_collector():
-        engine = Engine(
-            scenario, faults, workload.jobs(), driver, view, seed=scenario.seed, progress=progress
-        )
-        engine.run()
-        return summarise(engine)
+    engine = Engine(
+        scenario, faults, workload.jobs(), driver, view, seed=scenario.seed, progress=progress
+    )
+    engine.run()
+    return summarise(engine)
 
 
 @contextlib.contextmanager
@@ -126,9 +128,10 @@ def _without_cycle_collector() -> Iterator[None]:
     """A run allocates millions of objects (jobs, events, episodes), each freed by its
     reference count (a collection during a run finds nothing to free), and each of the
     collector's full passes walks every one still alive: a tenth of a large run's time.
-    Off for the run; one collection after it frees the engine, whose parts refer to one
-    another."""
+    Off for the run; a collection after it frees the engine, whose parts refer to one
+    another (nothing may hold it then: it would live on through the next run)."""
     enabled = gc.isenabled()
+    gc.collect()  # what the caller left, not the run's
     gc.disable()
     try:
         yield
