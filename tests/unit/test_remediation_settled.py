@@ -106,3 +106,38 @@ def test_a_failed_write_forgets_what_was_settled() -> None:
 
     reconciler.reconcile(sim.nodes, sim.now + 60, Failing())
     assert reconciler.stale and not reconciler._settled
+
+
+def test_an_episode_waiting_out_its_tolerance_is_skipped_until_it_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checked = Checked(monkeypatch)
+    policy = Policy(tolerance_s=200)  # its other timers (the unknown grace) come later
+    sim = Sim({n.name: n for n in [node(f"n{i}") for i in range(10)]}, policy)
+    sim.break_(["n0"], action=Action.REBOOT, codes=("SOME_FAULT",))
+    sim.step(30.0, heartbeat=False)  # opened and tainted
+    sim.step(30.0, heartbeat=False)  # tainted now: nothing to do but wait
+    assert sim.episodes["n0"].rung is None and sim.plans[-1].settled["n0"].note == ""
+    advanced = checked.advanced
+    for _ in range(5):  # 180 s after it opened: still within the tolerance
+        sim.step(30.0, heartbeat=False)
+    assert checked.advanced == advanced and sim.episodes["n0"].rung is None
+    sim.step(30.0, heartbeat=False)  # its tolerance has run out: advanced, a rung starts
+    assert checked.advanced == advanced + 1
+    assert sim.episodes["n0"].rung is Action.REBOOT
+
+
+def test_an_untouched_episode_is_advanced_again_when_its_node_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checked = Checked(monkeypatch)
+    sim = Sim({n.name: n for n in [node(f"n{i}") for i in range(10)]}, Policy(tolerance_s=300))
+    sim.break_(["n0"], action=Action.REBOOT, codes=("SOME_FAULT",))
+    sim.step(30.0, heartbeat=False)
+    sim.step(30.0, heartbeat=False)
+    advanced = checked.advanced
+    sim.step(30.0, heartbeat=True)  # a fresh report: a new observation
+    assert checked.advanced == advanced + 1
+    sim.heal(["n0"])
+    sim.step(30.0, heartbeat=False)
+    assert checked.advanced == advanced + 2

@@ -64,6 +64,11 @@ class Job:
 
     def progress_at(self, t: float) -> float:
         """Work done by ``t`` within the current stretch (``t`` not before its start)."""
+        pieces = self.pieces
+        if len(pieces) == 1:  # most stretches keep one pace: the loop below, unrolled
+            start, speed = pieces[0]
+            lapsed = t - start
+            return self.saved_h + speed * (lapsed if lapsed > 0.0 else 0.0) / HOUR
         done = self.saved_h
         for (start, speed), (end, _) in zip(self.pieces, [*self.pieces[1:], (t, 0.0)], strict=True):
             done += speed * max(0.0, min(end, t) - start) / HOUR

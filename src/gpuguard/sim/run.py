@@ -91,8 +91,11 @@ def _one_seed(
     trace: Trace | None,
 ) -> dict[str, PolicyResult]:
     rng = np.random.default_rng([scenario.seed, 0])
-    faults = trace.faults(scenario, rng) if trace is not None else generate_faults(scenario, rng)
-    workload = Workload.of(generate_jobs(scenario, np.random.default_rng([scenario.seed, 1])))
+    with _without_cycle_collector():  # a million jobs drawn, none of them in a cycle
+        faults = (
+            trace.faults(scenario, rng) if trace is not None else generate_faults(scenario, rng)
+        )
+        workload = Workload.of(generate_jobs(scenario, np.random.default_rng([scenario.seed, 1])))
     results = {}
     for name in policies:
         label = f"{name} s{scenario.seed}"
@@ -125,11 +128,12 @@ def _run(
 
 @contextlib.contextmanager
 def _without_cycle_collector() -> Iterator[None]:
-    """A run allocates millions of objects (jobs, events, episodes), each freed by its
-    reference count (a collection during a run finds nothing to free), and each of the
-    collector's full passes walks every one still alive: a tenth of a large run's time.
-    Off for the run; a collection after it frees the engine, whose parts refer to one
-    another (nothing may hold it then: it would live on through the next run)."""
+    """A run, or drawing its workload, allocates millions of objects (jobs, events,
+    episodes), each freed by its reference count (a collection during a run finds nothing
+    to free), and each of the collector's full passes walks every one still alive: a
+    tenth of a large run's time. Off meanwhile; a collection after it frees the engine,
+    whose parts refer to one another (nothing may hold it then: it would live on through
+    the next run)."""
     enabled = gc.isenabled()
     gc.collect()  # what the caller left, not the run's
     gc.disable()
