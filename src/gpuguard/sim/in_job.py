@@ -190,12 +190,21 @@ class InJobPath:
 
     # -- verdicts -----------------------------------------------------------------------
 
-    def _name_slow(self, slot: Slot, machine: int | None, fault: Fault, job: Job) -> None:
+    def _confirm(
+        self, slot: Slot, machine: int | None, fault: Fault, job: Job, kind: str, path: str
+    ) -> Key | None:
+        """Raise ``kind`` for ``fault`` if it still stands where it was seen; its key."""
         if not self._still(slot, machine, fault, job):
+            return None
+        self._note(fault, path)
+        key = (kind, fault.id)
+        self._raise(slot, key, InJobFinding(kind, fault.gpu), job)
+        return key
+
+    def _name_slow(self, slot: Slot, machine: int | None, fault: Fault, job: Job) -> None:
+        key = self._confirm(slot, machine, fault, job, FAIL_SLOW, "in_job")
+        if key is None:
             return
-        self._note(fault, "in_job")
-        key = (FAIL_SLOW, fault.id)
-        self._raise(slot, key, InJobFinding(FAIL_SLOW, fault.gpu), job)
         self._until_checkpoint(slot, key, job)
         if fault.end is not None:  # a transient: the rank recovers, and withdraws it
             back = self.config.persistence_windows * self.config.window_steps
@@ -205,19 +214,13 @@ class InJobPath:
     def _name_mismatch(
         self, slot: Slot, machine: int | None, fault: Fault, job: Job, kind: str
     ) -> None:
-        if not self._still(slot, machine, fault, job):
-            return
-        self._note(fault, "in_job")
-        self._raise(slot, (kind, fault.id), InJobFinding(kind, fault.gpu), job)
-        self.engine.scheduler.sdc_caught(fault, job)
+        if self._confirm(slot, machine, fault, job, kind, "in_job") is not None:
+            self.engine.scheduler.sdc_caught(fault, job)
 
     def _name_clocks(self, slot: Slot, machine: int | None, fault: Fault, job: Job) -> None:
-        if not self._still(slot, machine, fault, job):
-            return
-        self._note(fault, "passive")
-        key = (LOAD_CLOCK, fault.id)
-        self._raise(slot, key, InJobFinding(LOAD_CLOCK, fault.gpu), job)
-        if fault.end is not None:  # clocks back: most of the window agrees within share
+        key = self._confirm(slot, machine, fault, job, LOAD_CLOCK, "passive")
+        # Clocks back: most of the window agrees within share.
+        if key is not None and fault.end is not None:
             later = (1.0 - AGENT_CLOCKS.share) * AGENT_CLOCKS.window_s
             self.engine.at(fault.end + later, self._drop, slot, key, machine)
 
