@@ -226,9 +226,7 @@ class Scheduler:
         self._events.cancel(event)
         if job.state is JobState.RUNNING:
             self.interrupt(job, cause="platform", fault=fault, rollback_to=corrupted_at)
-        if job.saved_h > good_h:  # it computed there in an earlier stretch
-            job.lost_h += job.saved_h - good_h
-            job.saved_h = good_h
+        _keep_only(job, good_h)  # it may have computed there in an earlier stretch
 
     def _sdc_found(self, fault: Fault, job: Job, corrupted_at: float, good_h: float) -> None:
         """Bad results traced to the node: the work since the corruption is lost wherever
@@ -244,9 +242,7 @@ class Scheduler:
             return
         if job.state in (JobState.RUNNING, JobState.RESTARTING):
             self.interrupt(job, cause="fault", fault=fault, rollback_to=corrupted_at)
-        if job.saved_h > good_h:
-            job.lost_h += job.saved_h - good_h
-            job.saved_h = good_h
+        _keep_only(job, good_h)
         if not self._sdc_fails_job or job.failure:  # failed meanwhile
             return
         if job.state is JobState.SUCCEEDED:  # it ended when it ended, on wrong numbers
@@ -348,3 +344,10 @@ class Scheduler:
                 job.saved_h = job.progress_at(t)
             elif job.state is JobState.RESTARTING:
                 job.start_up_until(t)
+
+
+def _keep_only(job: Job, good_h: float) -> None:
+    """Saved work beyond ``good_h`` was computed on wrong numbers: it is lost."""
+    if job.saved_h > good_h:
+        job.lost_h += job.saved_h - good_h
+        job.saved_h = good_h
