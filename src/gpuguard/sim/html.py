@@ -15,7 +15,7 @@ COLOURS = {
     "none": "#8c8c8c",
     "reactive": "#d9822b",
     "gpuguard": "#2b6cb0",
-    "gpuguard-no-in-job": "#90cdf4",
+    WITHOUT_IN_JOB: "#90cdf4",
 }
 KIND_COLOURS = ("#2f855a", "#c53030", "#dd6b20", "#805ad5", "#d69e2e", "#718096", "#e2e8f0")
 FOUND_COLOURS = ("#2b6cb0", "#805ad5", "#d69e2e", "#c53030")
@@ -132,7 +132,7 @@ def found_plot(simulation: Simulation) -> str:
     """Persistent fail-slow and SDC GPUs by the path that named them, pooled over seeds."""
     rows = []
     for name in (n for n in ("gpuguard", WITHOUT_IN_JOB) if n in simulation.results):
-        results = [simulation.results[name], *(run[name] for run in simulation.runs)]
+        results = simulation.every_seed(name)
         for cls, label in in_job_report.CLASSES:
             found = in_job_report.pooled(results, cls)
             parts = [found.in_job, found.deep_suite, found.passive, found.missed]

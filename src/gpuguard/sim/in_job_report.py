@@ -57,13 +57,9 @@ def pooled(results: list[PolicyResult], cls: str) -> FoundBy:
     )
 
 
-def _all(simulation: Simulation, name: str) -> list[PolicyResult]:
-    return [simulation.results[name], *(run[name] for run in simulation.runs)]
-
-
 def goals(simulation: Simulation) -> dict[str, object]:
     """The goals' figures for the gpuguard run over every seed, and each verdict."""
-    results = _all(simulation, "gpuguard")
+    results = simulation.every_seed("gpuguard")
     data: dict[str, object] = {}
     for cls, _ in CLASSES:
         found = pooled(results, cls)
@@ -80,7 +76,7 @@ def goals(simulation: Simulation) -> dict[str, object]:
     data["false_verdicts_goal_met"] = false_rate < GOAL_FALSE_PER_NODE_DAY
     data["node_days"] = node_days
     if WITHOUT_IN_JOB in simulation.results:
-        without = _all(simulation, WITHOUT_IN_JOB)
+        without = simulation.every_seed(WITHOUT_IN_JOB)
         data["with_vs_without"] = {
             metric: {
                 "with": sum(getattr(r, metric) for r in results) / len(results),

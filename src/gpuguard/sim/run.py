@@ -42,8 +42,12 @@ class Simulation:
     def seeds(self) -> list[int]:
         return [self.scenario.seed + i for i in range(1 + len(self.runs))]
 
+    def every_seed(self, name: str) -> list[PolicyResult]:
+        """One policy's result at each seed, in seed order."""
+        return [self.results[name], *(run[name] for run in self.runs)]
+
     def over_seeds(self, name: str) -> dict[str, Interval | None]:
-        return intervals([self.results[name], *(run[name] for run in self.runs)])
+        return intervals(self.every_seed(name))
 
 
 def remediation_policy(scenario: Scenario, policy_file: Path | None) -> Policy:
