@@ -38,6 +38,10 @@ def test_every_bundled_scenario_loads(name):
             "jobs.mix.0: hours: the first bound must not exceed the second",
         ),
         ("days: soon\n", "days: Input should be a valid number"),
+        (
+            "in_job: {ratio: 1.1, change_ratio: 1.2}\n",
+            "in_job: change_ratio 1.2 must be above 1, at most ratio",
+        ),
     ],
 )
 def test_bad_values_are_rejected_naming_the_file_and_key(tmp_path, text, named):

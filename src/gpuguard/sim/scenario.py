@@ -238,6 +238,18 @@ class InJob(_Strict):
     )
     passive: bool = Field(default=True, description="The agent compares clocks under load")
 
+    @model_validator(mode="after")
+    def _a_judge_the_job_side_takes(self) -> InJob:
+        # The job-side judge's own rules (change_ratio at most ratio, and so on).
+        StragglerPolicy(
+            ratio=self.ratio,
+            persistence=self.persistence_windows,
+            change_ratio=self.change_ratio,
+            change_persistence=self.change_persistence_windows,
+            change_baseline=self.change_baseline_windows,
+        )
+        return self
+
 
 class Actions(_Strict):
     drain_min: NonNegative = 1.5
