@@ -13,6 +13,9 @@ REPORT_ANNOTATION = "gpuguard.io/report"  # the agent's node report (contract.re
 MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"  # the agent's kernel memory
 VERIFY_REQUEST_ANNOTATION = "gpuguard.io/verify-requested"  # the controller's request id
 CORDONED_BY_US_ANNOTATION = "gpuguard.io/cordoned"
+# A person's mark that the node's position (cable, optic, port) was repaired; taken off by
+# the controller once read (docs/remediation.md, "Where a fault lives").
+POSITION_FIXED_ANNOTATION = "gpuguard.io/position-fixed"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"  # Karpenter's; honoured, never written
 NODEPOOL_LABEL = "karpenter.sh/nodepool"  # Karpenter's: the NodePool that launched the node
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"

@@ -78,6 +78,8 @@ MAX_STEPS = 200  # the most recent ones are kept
 MAX_GPUS = 64  # a node has 8 or 16; more is not a node gpuguard knows
 MAX_ID = 64  # a PCI bus id (16 characters), a GPU UUID (40), a boot id (36)
 MAX_NODE_NAME = 253  # a Kubernetes object name
+MAX_POSITION = 4 * 317  # label pairs: a name (253 + "/" prefix of 63) and a value (63)
+MAX_SIGNATURE = 64  # network faults of one episode (8 ports, a few codes each)
 
 Message = Annotated[str, Field(max_length=MAX_MESSAGE), cut_to(MAX_MESSAGE)]
 Gpus = Annotated[tuple[Annotated[str, Field(max_length=MAX_ID)], ...], Field(max_length=MAX_GPUS)]
@@ -107,6 +109,13 @@ class Spec(Wire):
         max_length=128,
         description="The Node's metadata.uid when the episode opened: a Node registered "
         "again under the same name (a new machine) does not inherit the episode.",
+    )
+    position: str | None = Field(
+        default=None,
+        max_length=MAX_POSITION,
+        description="The physical position the machine sat at (from the policy's position "
+        "labels; the node's name when it has none): what the episodes of the machines "
+        "replaced there are remembered by.",
     )
 
 
@@ -196,6 +205,23 @@ class Status(Wire):
         max_length=MAX_NODE_NAME,
         description="For an episode closed Replaced: the Node that took over (the first of "
         "the same NodePool and instance type to register after the REPLACE began).",
+    )
+    signature: Annotated[
+        tuple[Annotated[str, Field(max_length=MAX_ID + 64)], ...], Field(max_length=MAX_SIGNATURE)
+    ] = Field(
+        default=(),
+        description="The network faults (CODE@port) the episode's rungs acted on: a "
+        "successor at the same position showing one of them shows the position's fault.",
+    )
+    position_fault: Message | None = Field(
+        default=None,
+        description="The evidence that the fault is the position's (a cable, an optic, a "
+        "switch port): no reboot or replace there until a person marks it fixed.",
+    )
+    position_fixed_at: Time | None = Field(
+        default=None,
+        description="When a person's gpuguard.io/position-fixed mark was taken: the "
+        "position's earlier episodes no longer count.",
     )
     last_message: Message | None = Field(
         default=None, description="The latest step's message, for display."

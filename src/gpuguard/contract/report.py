@@ -36,6 +36,9 @@ class LayerEntry(msgspec.Struct, frozen=True):
     gpus: Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_ID)]], _AT_MOST_GPUS] = []
     # The repair waits for running work (drain and reset); written only when it does.
     deferred: bool | msgspec.UnsetType = msgspec.UNSET
+    # The network ports (``mlx5_0/1``) the findings name: what "the same fault" means at
+    # a position (remediation/positions.py). Bounded as ``gpus``.
+    ports: Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_ID)]], _AT_MOST_GPUS] = []
 
 
 class DeepEntry(msgspec.Struct, frozen=True):
@@ -76,6 +79,7 @@ class LayerReport:
     action: Action = Action.NONE  # the highest rung the layer's findings recommend
     codes: tuple[str, ...] = ()
     gpus: tuple[str, ...] = ()  # PCI bus ids of the GPUs the findings name
+    ports: tuple[str, ...] = ()  # the network ports the findings name (``mlx5_0/1``)
     # The repair waits for running work (drain and reset): the controller admits no new
     # work, lets the running pods finish (policy ``drain_and_reset``), then repairs.
     deferred: bool = False
@@ -93,6 +97,7 @@ def layer_entries(report: NodeReport) -> dict[str, LayerEntry]:
             codes=sorted({f.code for f in problems}),
             gpus=sorted({f.component.id for f in problems if f.component.kind == "gpu"}),
             deferred=True if health.deferred else msgspec.UNSET,
+            ports=sorted({f.component.id for f in problems if f.component.kind == "nic"}),
         )
     return entries
 
@@ -137,6 +142,7 @@ def _layer_report(status: str, reason: str, since: float, entry: LayerEntry | No
         action=action,
         codes=tuple(entry.codes),
         gpus=tuple(entry.gpus),
+        ports=tuple(entry.ports),
         deferred=entry.deferred is True and action > Action.NONE,
         degraded=entry.status == Status.DEGRADED,
     )

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gpuguard import logs
-from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
+from gpuguard.contract.keys import POSITION_FIXED_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.providers import Provider
@@ -187,9 +187,11 @@ class Applier:
                 self.provider.replace(decision.node)
             case Kind.REQUEST_VERIFY:
                 if decision.request is not None:
-                    self._annotate(decision.node, decision.request)
+                    self._annotate(decision.node, VERIFY_REQUEST_ANNOTATION, decision.request)
             case Kind.CLEAR_VERIFY:
-                self._annotate(decision.node, None)
+                self._annotate(decision.node, VERIFY_REQUEST_ANNOTATION, None)
+            case Kind.CLEAR_POSITION_FIXED:
+                self._annotate(decision.node, POSITION_FIXED_ANNOTATION, None)
 
     def save(self, episode: Episode) -> bool:
         """Write a change to an episode outside a pass's decisions; False if it failed
@@ -207,10 +209,10 @@ class Applier:
         version = save_episode(self.api, episode, new=new, resource_version=known)
         self.note_version(name, version)
 
-    def _annotate(self, node: str, verify_request: str | None) -> None:
-        """Set (or remove) the verify request: a merge patch of that one annotation, so a
+    def _annotate(self, node: str, key: str, value: str | None) -> None:
+        """Set (or remove) one annotation of ours: a merge patch of that one key, so a
         repeated decision writes the same value and nothing of the agent's is touched."""
-        patch = {"metadata": {"annotations": {VERIFY_REQUEST_ANNOTATION: verify_request}}}
+        patch = {"metadata": {"annotations": {key: value}}}
         self.api.patch(NODES.path(node), patch)
 
     def _count_evictions(self, counts: drain.DrainCounts) -> None:

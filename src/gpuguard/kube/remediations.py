@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.contract import remediation as wire
 from gpuguard.contract.errors import ContractError
-from gpuguard.contract.remediation import GROUP_VERSION, PLURAL, RUNGS
+from gpuguard.contract.remediation import GROUP_VERSION, MAX_SIGNATURE, PLURAL, RUNGS
 from gpuguard.kube.rest import Json, KubeApi, KubeConflict, KubeNotFound, Resource
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult, Episode, Phase, Step
@@ -58,7 +58,12 @@ def episode_to_object(ep: Episode) -> Json:
     """The whole NodeRemediation for ``ep`` (``status.request`` is not part of an Episode)."""
     whole = wire.NodeRemediation(
         metadata={"name": object_name(ep.node, ep.opened_at)},
-        spec=wire.Spec(node_name=ep.node, opened_at=ep.opened_at, nodeUID=ep.node_uid or None),
+        spec=wire.Spec(
+            node_name=ep.node,
+            opened_at=ep.opened_at,
+            nodeUID=ep.node_uid or None,
+            position=ep.position or None,
+        ),
         status=_status(ep),
     )
     return whole.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -86,6 +91,10 @@ def episode_from_object(obj: Json) -> Episode:
         node_uid=spec.node_uid or "",
         machine=status.machine or "",
         replacement=status.replacement or "",
+        position=spec.position or spec.node_name,
+        signature=status.signature,
+        position_fault=status.position_fault or "",
+        position_fixed_at=status.position_fixed_at,
     )
 
 
@@ -321,6 +330,9 @@ def _status(ep: Episode) -> wire.Status:
         resolution=ep.resolution,
         machine=ep.machine or None,
         replacement=ep.replacement or None,
+        signature=ep.signature[:MAX_SIGNATURE],
+        position_fault=ep.position_fault or None,
+        position_fixed_at=ep.position_fixed_at,
         last_message=steps[-1].message if steps else None,
         steps=tuple(wire.Step(at=s.at, phase=s.phase, message=s.message) for s in steps),
         result=_wire_result(result) if result is not None else None,

@@ -1,11 +1,12 @@
-"""Closed episodes, indexed for the two questions ``decide`` asks of them.
+"""Closed episodes, indexed for the questions ``decide`` asks of them.
 
-The lemon count asks for one node's recent episodes and the breaker for the episodes
-opened within its window. On a plain list both are a walk over every closed episode, once
-per call and again per node trying a rung: at 10,000 nodes a week of history is thousands
-of episodes. A caller that keeps a ``History`` across calls (adding what closes, forgetting
-what ages out) makes both independent of the history's length; a plain sequence still
-works and gives the same answers.
+The lemon count asks for one node's recent episodes, the position rules for one position's
+(``positions.py``), and the breaker for the episodes opened within its window. On a plain
+list each is a walk over every closed episode, once per call and again per node trying a
+rung: at 10,000 nodes a week of history is thousands of episodes. A caller that keeps a
+``History`` across calls (adding what closes, forgetting what ages out) makes each
+independent of the history's length; a plain sequence still works and gives the same
+answers.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class History(Sequence[Episode]):
     def __init__(self, episodes: Iterable[Episode] = ()) -> None:
         self._episodes: list[Episode] = []  # by _age
         self._by_node: dict[str, list[Episode]] = defaultdict(list)
+        self._by_position: dict[str, list[Episode]] = defaultdict(list)
         self._opened: list[float] = []  # sorted
         self.add(episodes)
 
@@ -36,6 +38,8 @@ class History(Sequence[Episode]):
         for episode in episodes:
             insort(self._episodes, episode, key=_age)
             self._by_node[episode.node].append(episode)
+            if episode.position:
+                self._by_position[episode.position].append(episode)
             insort(self._opened, episode.opened_at)
 
     def forget_before(self, horizon: float) -> None:
@@ -46,12 +50,21 @@ class History(Sequence[Episode]):
             mine.remove(episode)
             if not mine:
                 del self._by_node[episode.node]
+            if episode.position:
+                there = self._by_position[episode.position]
+                there.remove(episode)
+                if not there:
+                    del self._by_position[episode.position]
             del self._opened[bisect_left(self._opened, episode.opened_at)]
         del self._episodes[:cut]
 
     def of(self, node: str) -> Sequence[Episode]:
         """The closed episodes of one node."""
         return self._by_node.get(node, ())
+
+    def at(self, position: str) -> Sequence[Episode]:
+        """The closed episodes of the machines that sat at one position."""
+        return self._by_position.get(position, ())
 
     def opened_from(self, start: float) -> list[float]:
         """The opening times at or after ``start`` (ascending)."""

@@ -1,10 +1,12 @@
 """Which rung of the ladder to try next for one episode.
 
 The ladder only climbs within an episode: the next rung is the lowest one at least as high
-as both what the evidence asks for and what was already tried, with attempts left. So a
-rung is retried while it has attempts (KILL_JOB twice by default) before the next one.
-A lemon goes straight to REPLACE. Unknown layers or findings that recommend nothing never
-pick a destructive rung: those wait for a human.
+as both what the evidence asks for and what was already tried, with attempts left. So a rung
+is retried while it has attempts (KILL_JOB twice by default) before the next one. A lemon
+goes straight to REPLACE. Slowness alone that names its GPUs starts at RESET_GPU whatever it
+recommends (a reset clears a clock held low; the ladder climbs if it does not). Unknown
+layers or findings that recommend nothing never pick a destructive rung: those wait for a
+human.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 
 from gpuguard.contract.remediation import RUNGS
 from gpuguard.model import Action
-from gpuguard.remediation.health import false_layers, needed_action, recent_episodes
+from gpuguard.remediation.confirm import slow_only
+from gpuguard.remediation.health import false_layers, named_gpus, needed_action, recent_episodes
 from gpuguard.remediation.model import Episode, NodeObservation
 from gpuguard.remediation.policy import Policy
 
@@ -40,6 +43,8 @@ def choose_rung(
     needed = needed_action(node)
     if needed is Action.NONE:
         return Choice(None, "the findings recommend no action: needs a human")
+    if needed > Action.RESET_GPU and slow_only(node, policy) and named_gpus(node):
+        needed = Action.RESET_GPU
     earlier = recent_episodes(node.name, history, policy, now)
     if earlier + 1 >= policy.lemon_episodes:
         candidates: tuple[Action, ...] = (Action.REPLACE,)

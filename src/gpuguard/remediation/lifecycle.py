@@ -17,6 +17,7 @@ from gpuguard.contract.verify import VerifyAnswer, request_id, requested_time
 from gpuguard.contract.wire import cut
 from gpuguard.model import Action
 from gpuguard.remediation.budget import BudgetLedger
+from gpuguard.remediation.confirm import confirmation
 from gpuguard.remediation.correlation import SharedCauses, has_own_fault, own_faults
 from gpuguard.remediation.health import (
     deferred_repair,
@@ -40,6 +41,13 @@ from gpuguard.remediation.model import (
     Step,
 )
 from gpuguard.remediation.policy import Policy
+from gpuguard.remediation.positions import (
+    network_signature,
+    position_evidence,
+    position_of,
+    replacement_cap,
+    sharing,
+)
 
 Kind = DecisionKind
 
@@ -104,7 +112,11 @@ class PlanBuilder:
 
     def open(self, node: NodeObservation) -> Episode:
         episode = Episode(
-            node=node.name, opened_at=self.now, phase_since=self.now, node_uid=node.uid
+            node=node.name,
+            opened_at=self.now,
+            phase_since=self.now,
+            node_uid=node.uid,
+            position=position_of(node),
         )
         self.record(episode, f"quarantined: {describe(node)}")
         if not node.tainted:
@@ -119,6 +131,20 @@ class PlanBuilder:
             self.emit(Kind.UNCORDON, node.name, "healthy, no open episode: leftover cordon")
         if node.verify_request is not None:
             self.emit(Kind.CLEAR_VERIFY, node.name, "no open episode: leftover verify request")
+        if node.position_fixed:
+            self.emit(Kind.CLEAR_POSITION_FIXED, node.name, "no position fault held here")
+
+    def take_position_mark(self, episode: Episode, node: NodeObservation) -> None:
+        """A person marked the node's position fixed: what happened there before no longer
+        counts (the mark is taken off, so it applies once)."""
+        mark = f"position {episode.position} marked fixed ({node.position_fixed!r})"
+        if episode.position_fault:
+            episode.position_fault = ""
+            episode.position_fixed_at = self.now
+            self.record(episode, f"{mark}: its history no longer counts")
+            self.emit(Kind.CLEAR_POSITION_FIXED, node.name, mark)
+        else:
+            self.emit(Kind.CLEAR_POSITION_FIXED, node.name, f"{mark}: no position fault held")
 
     def close(
         self, episode: Episode, resolution: Resolution, why: str, node: NodeObservation | None
@@ -151,6 +177,8 @@ class PlanBuilder:
         if node.excluded or node.do_not_disrupt:
             self.note(node.name, "excluded or do-not-disrupt: open episode left as it is")
             return
+        if node.position_fixed:
+            self.take_position_mark(episode, node)
         handler = {
             Phase.QUARANTINED: self.quarantined,
             Phase.DRAINING: self.draining,
@@ -343,6 +371,14 @@ class PlanBuilder:
             message = f"{why}; held until the domain recovers or a person acts: {held}"
             self.hold(episode, node, message, held)
             return
+        shared_position = sharing(node)
+        if shared_position:
+            self.hold(episode, node, f"{why}; no rung while {shared_position}", shared_position)
+            return
+        if episode.position_fault:
+            message = f"{why}; no reboot or replace: {episode.position_fault}"
+            self.hold(episode, node, message, episode.position_fault)
+            return
         node = own_faults(node, shared)
         choice = choose_rung(episode, node, self.history, self.policy, self.now)
         if choice.rung is None:
@@ -351,12 +387,47 @@ class PlanBuilder:
             episode.exhausted = episode.exhausted or choice.exhausted
             self.settle(episode, f"{why}; {choice.why}", changed=newly_exhausted)
             return
+        if not self.allowed_here(episode, node, choice.rung, why):
+            return
         blocker = self.gate(episode, node, choice.rung)
         if blocker:
             self.note(node.name, f"{choice.rung} waits: {blocker}")
             self.settle(episode, f"{why}; {choice.rung} waits: {blocker}", changed=False)
             return
         self.start(episode, node, choice.rung, f"{why}; {choice.why}")
+
+    def allowed_here(self, episode: Episode, node: NodeObservation, rung: Action, why: str) -> bool:
+        """May ``rung`` start on this machine at this position? Not where the fault is the
+        position's, nor beyond the position's replacement cap, nor on slowness that a
+        second measurement has not confirmed (each waits quarantined, saying why)."""
+        if rung >= Action.REBOOT:
+            evidence = position_evidence(episode, node, self.history, self.policy, self.now)
+            if evidence:
+                episode.position_fault = evidence
+                self.hold(episode, node, f"{why}; no reboot or replace: {evidence}", evidence)
+                return False
+        if rung is Action.REPLACE:
+            capped = replacement_cap(episode, self.history, self.policy, self.now)
+            if capped:
+                self.wait(episode, node, f"{why}; no {rung}: {capped}")
+                return False
+        confirmed = confirmation(episode, node, rung, self.policy, self.now)
+        if confirmed.request is not None:
+            self.emit(
+                Kind.REQUEST_VERIFY,
+                node.name,
+                f"second measurement before {rung}",
+                request=confirmed.request,
+            )
+        if not confirmed.confirmed:
+            self.wait(episode, node, f"{why}; {rung} waits: {confirmed.why}")
+        return confirmed.confirmed
+
+    def wait(self, episode: Episode, node: NodeObservation, message: str) -> None:
+        """Quarantined with a note each call; a step when the message changes."""
+        self.note(node.name, message)
+        changed = not episode.steps or episode.steps[-1].message != cut(message, MAX_MESSAGE)
+        self.settle(episode, message, changed=changed)
 
     def hold(self, episode: Episode, node: NodeObservation, message: str, held: str) -> None:
         """Quarantined, no rung, for a reason outside the ladder: a step when it changes."""
@@ -390,6 +461,8 @@ class PlanBuilder:
         episode.last_action_at = self.now
         episode.action_result = None  # a new attempt has no answer yet
         episode.gpus = named_gpus(node) if rung <= Action.RESET_GPU else ()
+        seen = set(episode.signature).union(network_signature(node))
+        episode.signature = tuple(sorted(seen))
         if rung is Action.REPLACE:
             episode.machine = node.machine
         label, gpus, attempt = _label(episode), episode.gpus, episode.attempt

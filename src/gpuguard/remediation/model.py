@@ -53,6 +53,15 @@ class NodeObservation:
     # otherwise), and when its Node registered: how a replacement is recognised.
     machine: str = ""
     registered_at: float | None = None
+    # The physical position the machine occupies (rack slot, from the policy's position
+    # labels; "" not known): what stays when the machine is replaced (docs/remediation.md,
+    # "Where a fault lives"). A replacement gets a new Node name, never a new position.
+    position: str = ""
+    # Other live Nodes that claim the same position (mislabelled, or a replacement whose
+    # predecessor is still registered): what happened there cannot be told apart.
+    position_shared_with: tuple[str, ...] = ()
+    # A person's mark that the position was repaired (gpuguard.io/position-fixed; "": none).
+    position_fixed: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,15 @@ class Episode:
     # Node found to have taken over from it once the episode closed Replaced.
     machine: str = ""
     replacement: str = ""
+    # Where the machine sat (the observation's position, else the node's name) when the
+    # episode opened, and the network faults its rungs acted on (``CODE@port``): the
+    # memory of a position across the machines replaced in it.
+    position: str = ""
+    signature: tuple[str, ...] = ()
+    # The evidence that the fault is the position's, not the machine's ("": none): no
+    # reboot or replace there until a person marks the position fixed or the fault clears.
+    position_fault: str = ""
+    position_fixed_at: float | None = None  # when a person's mark was taken
 
     @property
     def attempt(self) -> int:
@@ -121,6 +139,7 @@ class DecisionKind(StrEnum):
     CLEAR_VERIFY = "ClearVerify"  # remove a verify request once its episode is over
     REPLACE = "Replace"  # delete the NodeClaim (or the provider's equivalent)
     RECORD = "Record"  # persist the episode (every phase change) and emit an Event
+    CLEAR_POSITION_FIXED = "ClearPositionFixed"  # take a person's position-fixed mark off
 
 
 @dataclass(frozen=True)

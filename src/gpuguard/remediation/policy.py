@@ -163,6 +163,93 @@ class DrainAndReset(_Strict):
     )
 
 
+# Findings of slowness, not of errors: a load test or a job's step times measured a GPU
+# slower than its siblings or its expected figure. One slow measurement is also what a
+# noisy neighbour, a throttled job or a misjudged expectation gives, so none of these
+# alone starts a destructive rung (``Confirm``).
+DEFAULT_SLOW_CODES = (
+    "DEEP_MATMUL_SLOW",
+    "DEEP_MEMORY_BANDWIDTH_LOW",
+    "DEEP_PEER_BANDWIDTH_LOW",
+    "IN_JOB_FAIL_SLOW",
+    "LOAD_CLOCK_BELOW_SIBLINGS",
+)
+# Node labels that name a machine's physical position, tried in order; the first set whose
+# labels are all present names it. On-premises racks carry a plain rack/position pair; GKE
+# names the physical host a VM runs on by block, sub-block and host. (EKS's
+# topology.k8s.aws/network-node-layer-* name switches, several instances under each: a
+# domain for ``correlation``, not a position.)
+DEFAULT_POSITION_LABELS: tuple[tuple[str, ...], ...] = (
+    ("rack", "position"),
+    (
+        "cloud.google.com/gce-topology-block",
+        "cloud.google.com/gce-topology-subblock",
+        "cloud.google.com/gce-topology-host",
+    ),
+)
+WEEK_S = 7 * 24 * 3600.0
+
+
+class Positions(_Strict):
+    """Where a machine sits, and what happened there before (docs/remediation.md, "Where
+    a fault lives"). A cable, an optic or a switch port stays with the position when the
+    machine is replaced: the successor shows the same fault, and replacing it again would
+    repair nothing. So the policy remembers positions across Node names.
+    """
+
+    labels: list[list[str]] = Field(
+        default_factory=lambda: [list(names) for names in DEFAULT_POSITION_LABELS],
+        description="Label sets naming a node's physical position, tried in order; the"
+        " first whose labels are all present names it (none: the node's name, reported)",
+    )
+    window_s: Seconds = Field(
+        default=WEEK_S,
+        gt=0,
+        description="How long a replacement at a position is remembered: the same fault on"
+        " its successor within this long is the position's, and the replacement cap's window",
+    )
+    max_replacements: int = Field(
+        default=1,
+        ge=0,
+        description="Automatic replacements per position within window_s; beyond, a person"
+        " decides (0: never replace automatically)",
+    )
+
+    @field_validator("labels", mode="after")
+    @classmethod
+    def _label_sets(cls, value: list[list[str]]) -> list[list[str]]:
+        if any(not names or any(not name for name in names) for names in value):
+            raise ValueError("each label set names at least one label, none empty")
+        return value
+
+
+class Confirm(_Strict):
+    """A slow finding is confirmed by an independent second measurement (the deep suite,
+    asked for through the verify request) before a rung that resets, reboots or replaces
+    starts. Unconfirmed, the node stays quarantined and is measured again: never destroyed.
+    """
+
+    enabled: bool = Field(default=True, description="Confirm slow findings before acting")
+    codes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SLOW_CODES),
+        description="The finding codes that are slowness, not errors",
+    )
+    remeasure_s: Seconds = Field(
+        default=3600,
+        gt=0,
+        description="After a measurement that did not confirm, measure again this long later",
+    )
+
+    @field_validator("codes", mode="after")
+    @classmethod
+    def _codes(cls, value: list[str]) -> list[str]:
+        value = [code.upper() for code in value]
+        bad = sorted(code for code in value if not CODE_SHAPE.fullmatch(code))
+        if bad:
+            raise ValueError(f"not a finding code: {', '.join(bad)}")
+        return value
+
+
 class Policy(_Strict):
     """Everything ``decide`` is told besides the fleet's state and the time."""
 
@@ -227,6 +314,8 @@ class Policy(_Strict):
     )
     correlation: Correlation = Correlation()
     drain_and_reset: DrainAndReset = DrainAndReset()
+    positions: Positions = Positions()
+    confirm: Confirm = Confirm()
 
     @field_validator("tolerances", mode="after")
     @classmethod
@@ -261,8 +350,8 @@ class Policy(_Strict):
     @property
     def history_s(self) -> float:
         """How far back closed episodes matter to any rule (lemons, the breaker): what a
-        caller of ``decide`` must keep in the history it passes."""
-        return max(self.lemon_window_s, self.breaker.window_s)
+        caller of ``decide`` must keep in the history it passes (positions too)."""
+        return max(self.lemon_window_s, self.breaker.window_s, self.positions.window_s)
 
     def tolerance_for(self, codes: tuple[str, ...]) -> float:
         """How long one False layer must last: its most urgent code wins.
@@ -299,6 +388,8 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "verify": Verify,
     "correlation": Correlation,
     "drain_and_reset": DrainAndReset,
+    "positions": Positions,
+    "confirm": Confirm,
 }
 
 

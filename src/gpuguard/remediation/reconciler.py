@@ -68,11 +68,12 @@ class _Timers:
 
 
 def needs_attention(observed: NodeObservation) -> bool:
-    """Not plainly healthy, or carrying our taint, our cordon or our verify request."""
+    """Not plainly healthy, or carrying our taint, cordon, verify request, or a position mark."""
     return (
         observed.tainted
         or observed.cordoned_by_us
         or observed.verify_request is not None
+        or bool(observed.position_fixed)
         or any(layer.status != TRUE for layer in observed.layers.values())
     )
 

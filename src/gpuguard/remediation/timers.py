@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from gpuguard.contract.conditions import TRUE
+from gpuguard.remediation.confirm import confirm_timers
 from gpuguard.remediation.model import Episode, NodeObservation, Phase
 from gpuguard.remediation.policy import Policy
 
@@ -20,8 +21,8 @@ def node_timers(
     policy: Policy, node: NodeObservation, episode: Episode | None, now: float
 ) -> list[float]:
     """A layer's tolerance, unknown grace or clear-after, a deferred repair's longest wait,
-    a phase's timeout, the minimum action interval. Without an episode the tolerances
-    count from ``now`` (one opened now)."""
+    a phase's timeout, a confirmation's re-request, the minimum action interval. Without an
+    episode the tolerances count from ``now`` (one opened now)."""
     timers: list[float] = []
     opened = episode.opened_at if episode is not None else now
     for layer in node.layers.values():
@@ -36,7 +37,9 @@ def node_timers(
     if episode is None:
         return timers
     phase = episode.phase
-    if phase is Phase.DRAINING:
+    if phase is Phase.QUARANTINED:
+        timers.extend(t + PAST_S for t in confirm_timers(node, policy))
+    elif phase is Phase.DRAINING:
         timers.append(episode.phase_since + policy.drain_timeout_s + PAST_S)
     elif phase is Phase.ACTING:
         timers.append(episode.phase_since + policy.action_timeout_s + PAST_S)
