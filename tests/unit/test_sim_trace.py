@@ -58,7 +58,7 @@ def test_a_csv_trace_replays_its_faults_on_its_nodes(tmp_path):
     ("text", "named"),
     [
         ("node,start,end\n", "the header must be node,start_days,end_days,class,description"),
-        (HEADER + "a,1,2,gpu\n", "record 1: 4 fields, expected 5 or 6"),
+        (HEADER + "a,1,2,gpu\n", "record 1: 4 fields, expected 5 to 7"),
         (HEADER + "a,1,2,gpu,x,\nb,soon,2,gpu,x,\n", "record 2: field start_days: 'soon'"),
         (HEADER + "a,3,2,gpu,x,\n", "record 1: field end_days: 2 is before start_days 3"),
         (HEADER + "a,1,2,warp_core,x,\n", "record 1: field class: 'warp_core' is not one of"),

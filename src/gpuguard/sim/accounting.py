@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpuguard.sim.faults import HOUR, Fault
+from gpuguard.sim.faults import HOUR, Fault, Fix, Locus
 from gpuguard.sli import TimeShare
 
 BIN_S = HOUR  # resolution of the availability time series
@@ -42,6 +42,18 @@ class Stats:
     hidden: dict[int, HiddenTimes] = field(default_factory=dict)
     deep_runs: Counter[str] = field(default_factory=Counter)  # by trigger
     availability_bins: list[float] = field(default_factory=list)  # in-service slot-seconds
+    # Faults of the machine itself that were on a node during the run (benign signals are
+    # no fault), and those of them that only new hardware clears (``started``).
+    machine_faults: int = 0
+    machine_faults_replace: int = 0
+    # When each slot's machine was replaced automatically (not by people), by slot.
+    replaced_at: defaultdict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def started(self, fault: Fault) -> None:
+        """A fault is on a node (not dropped)."""
+        if fault.locus is Locus.MACHINE and fault.cls != "benign":
+            self.machine_faults += 1
+            self.machine_faults_replace += fault.fix is Fix.REPLACE
 
     # Each moment below is noted once: the first time it happens.
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpuguard.sim.accounting import FaultTimes, HiddenTimes
 from gpuguard.sim.agent_view import CHECKED_SIGNALS, NodeSignals, is_application_line, kernel_line
-from gpuguard.sim.faults import HIDDEN_CLASSES, Effect, Fault, Fix
+from gpuguard.sim.faults import HIDDEN_CLASSES, Effect, Fault, Fix, Locus
 from gpuguard.sim.fleet import Slot
 
 if TYPE_CHECKING:
@@ -35,13 +35,20 @@ class FaultProcess:
 
     def start(self, fault: Fault) -> None:
         slot = self._slots[fault.slot]
-        if slot.machine is None or slot.down or (fault.lemon and not slot.original):
+        # A cable or a switch fails whether or not a machine is running in the slot; it
+        # shows once one is (``show_again``).
+        of_the_machine = fault.locus is not Locus.POSITION and fault.locus is not Locus.DOMAIN
+        if of_the_machine and (slot.machine is None or slot.down):
             self._stats.dropped_faults += 1  # no machine running there to fail
+            return
+        if fault.lemon and not slot.original:
+            self._stats.dropped_faults += 1  # the lemon left with its extra faults
             return
         if fault.fix is Fix.RESTART and fault.effect is not Effect.NONE and slot.job is None:
             self._stats.dropped_faults += 1  # a job's own fault needs a job
             return
         slot.faults[fault.id] = fault
+        self._stats.started(fault)
         if fault.disables:
             slot.incidents.append(fault.id)
             self._stats.fault_times[fault.id] = FaultTimes()
@@ -70,7 +77,7 @@ class FaultProcess:
         return slot.faults.get(fault.id) is fault
 
     def _show_line(self, slot: Slot, fault: Fault, line: str) -> None:
-        if not self.is_current(slot, fault) or slot.down:
+        if not self.is_current(slot, fault) or slot.down or slot.machine is None:
             return
         now = self._events.now
         application = is_application_line(line)
@@ -89,13 +96,15 @@ class FaultProcess:
             self._driver.signals_changed(slot)
 
     def _show_checked(self, slot: Slot, fault: Fault) -> None:
-        if not self.is_current(slot, fault) or slot.down:
+        if not self.is_current(slot, fault) or slot.down or slot.machine is None:
             return
         slot.checked[fault.id] = (fault.signal, fault.gpu)
         self._driver.signals_changed(slot)
 
     def show_again(self, slot: Slot) -> None:
-        """A node back from an action: what is still wrong shows again once its checks run."""
+        """A node back from an action, or a new machine in the slot: what is still wrong
+        (for a new machine, what the position has: the same port down) shows again once
+        its checks run."""
         at = self._events.at
         due = self._events.now + self._detection.check_interval_s
         for fault in list(slot.faults.values()):

@@ -41,6 +41,23 @@ class Fix(IntEnum):
         return self.name.lower()
 
 
+class Locus(StrEnum):
+    """Where a fault lives: what it leaves with, and what a replacement leaves behind.
+
+    ``MACHINE``: the server (a GPU, the board, the host, an adapter); it leaves with the
+    machine when the machine is replaced. ``POSITION``: the rack slot (a cable, a remote
+    optic, a switch port, a PDU outlet); it stays across replacements, and whatever machine
+    fills the slot shows it. ``DOMAIN``: something above many positions (a switch, a rack,
+    a power feed); it stays with every position under it. ``JOB``: the job's own fault (an
+    application error, a hang); it ends with the job.
+    """
+
+    MACHINE = "machine"
+    POSITION = "position"
+    DOMAIN = "domain"
+    JOB = "job"
+
+
 class Effect(StrEnum):
     """What the fault does to the job running on the node."""
 
@@ -99,6 +116,15 @@ KINDS: dict[str, Kind] = {
     "unattributed": Kind(Effect.HANG, ((1.0, Signal.NOTHING),)),
     "benign": Kind(Effect.NONE, ((0.5, Signal.XID_63), (0.5, Signal.CHECK_TIMEOUT))),
 }
+# Where each class's faults live, unless a trace's record says otherwise. A generated
+# ``fabric`` fault is a rack's switch (one fault per node of the rack, one group): a
+# domain. A job's own faults end with it; everything else is the machine's.
+LOCI: dict[str, Locus] = {name: Locus.MACHINE for name in KINDS} | {
+    "fabric": Locus.DOMAIN,
+    "application": Locus.JOB,
+    "nccl_hang": Locus.JOB,
+    "unattributed": Locus.JOB,
+}
 # Classes no periodic check reads reliably: only a load test (the deep suite) finds them.
 HIDDEN_CLASSES = frozenset({"sdc", "fail_slow"})
 # Classes whose faults are counted as job interruptions in the published figures.
@@ -122,6 +148,7 @@ class Fault:
     lemon: bool  # from a lemon's extra rate: gone once the machine is replaced
     check_phase: float  # where in the agent's check period it shows (0..1)
     group: int = -1  # faults of one switch failure share a group
+    locus: Locus = Locus.MACHINE  # what a replacement takes away (MACHINE) or leaves
 
     @property
     def disables(self) -> bool:
@@ -215,6 +242,7 @@ def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]
                     lemon=lemon,
                     check_phase=phase,
                     group=group if cls == "fabric" else -1,
+                    locus=LOCI[cls],
                 )
             )
     faults.extend(_present_at_start(scenario, rng, first_id=len(faults)))
@@ -285,11 +313,12 @@ def fault_from_record(
     *,
     fix: Fix | None = None,
     signal: Signal | None = None,
+    locus: Locus | None = None,
 ) -> Fault:
     """A fault of a replayed trace: its node, start and class as recorded; what clears it
     drawn from the scenario's shares for the class unless the record says; one that ends
     by itself (a cable, a switch) ends when the record says it did, as no policy hastens
-    it."""
+    it. Its locus is the record's, else the class's (``LOCI``)."""
     fix = fix if fix is not None else _fix(cls, scenario.failures, rng)
     if cls == "fail_slow" and fix is Fix.SELF:
         fix = _draw_fix(scenario.failures.fail_slow_persistent_fix, rng)
@@ -308,6 +337,7 @@ def fault_from_record(
         slowdown=slowdown,
         lemon=False,
         check_phase=float(rng.random()),
+        locus=locus if locus is not None else LOCI[cls],
     )
 
 

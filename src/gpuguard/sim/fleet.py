@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuguard.sim.agent_view import DeepFinding
-from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix
+from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix, Locus
 from gpuguard.sim.in_job_findings import InJobFinding
 from gpuguard.sim.jobs import Job
 from gpuguard.sli import in_service
@@ -195,10 +195,14 @@ class Fleet:
         if level is Fix.REBOOT:
             slot.gpu_withdrawn = False  # the device plugin starts again, every GPU healthy
         if not failed:
+            # A reset or a reboot acts on the machine: a cable or a switch stays as it was.
             cleared = [
                 f
                 for f in slot.faults.values()
-                if f.fix <= level and (not gpus or f.gpu in gpus or level is Fix.REBOOT)
+                if f.fix <= level
+                and f.locus is not Locus.POSITION
+                and f.locus is not Locus.DOMAIN
+                and (not gpus or f.gpu in gpus or level is Fix.REBOOT)
             ]
             if level is Fix.REBOOT:
                 slot.kernel.clear()
@@ -214,24 +218,29 @@ class Fleet:
     # -- replacement ------------------------------------------------------------------
 
     def replace(self, slot: Slot, *, manual: bool = False) -> None:
-        """The machine leaves for repair; a spare (or new capacity) takes the slot."""
+        """The machine leaves for repair; a spare (or new capacity) takes the slot. The
+        machine's faults leave with it; a fault of the position or of its domain (a cable,
+        a switch) stays on the slot, and the machine that fills it shows it again."""
         if slot.machine is None:
             return
         now = self._events.now
         books = self._books
         self._stats.actions["manual_replace" if manual else "replace"] += 1
+        if not manual:
+            self._stats.replaced_at[slot.index].append(now)
         self._world.scheduler.interrupt_job(slot, cause="platform")
         books.account(now)
-        self._stats.removed(slot.faults.values(), now)
+        gone = [f for f in slot.faults.values() if not _stays(f)]
+        self._stats.removed(gone, now)
         slot.machine = None
         slot.testing = False
         slot.test_ends = now
         slot.deep = ()
         slot.in_job = ()
-        slot.faults.clear()
+        slot.faults = {i: f for i, f in slot.faults.items() if _stays(f)}
         slot.kernel.clear()
         slot.checked.clear()
-        slot.notready = False
+        slot.notready = any(f.effect is Effect.DOWN for f in slot.faults.values())
         slot.down = ""
         slot.tainted = slot.cordoned = slot.gpu_withdrawn = False
         books.occupied -= 1
@@ -263,6 +272,8 @@ class Fleet:
         self.refresh(slot)
         self._books.account(now)
         self._driver.node_replaced(slot)
+        if slot.faults:  # what the position still has shows on the new machine
+            self._world.fault_process.show_again(slot)
 
     def _repaired_machine(self) -> None:
         now = self._events.now
@@ -285,8 +296,21 @@ class Fleet:
         slot.human_pending = False
         if slot.machine != machine or slot.down:
             return
+        # A person repairs what needs a hand where it is: a cable, an optic, a port (a fault
+        # of the position that does not end by itself) is swapped in place, the server left.
+        fixed = [f for f in slot.faults.values() if _stays(f) and f.fix is not Fix.SELF]
+        if fixed:
+            self._stats.actions["manual_position_repair"] += 1
+            self._stats.detected(fixed, self._events.now)
+            self._stats.removed(fixed, self._events.now)
+            ids = {f.id for f in fixed}
+            slot.kernel = [k for k in slot.kernel if k[0] not in ids]
+            self._world.fault_process.remove(slot, fixed)
+            self._driver.signals_changed(slot)
         persistent = [
-            f for f in slot.faults.values() if f.fix in (Fix.RESET, Fix.REBOOT, Fix.REPLACE)
+            f
+            for f in slot.faults.values()
+            if f.fix in (Fix.RESET, Fix.REBOOT, Fix.REPLACE) and not _stays(f)
         ]
         if not persistent:
             if slot.gpu_withdrawn:  # nothing wrong now: a reboot gives the GPU back
@@ -297,3 +321,8 @@ class Fleet:
             self.repair(slot, "reboot", manual=True)
         else:
             self.replace(slot, manual=True)
+
+
+def _stays(fault: Fault) -> bool:
+    """The fault is the position's or its domain's: it stays when the machine leaves."""
+    return fault.locus is Locus.POSITION or fault.locus is Locus.DOMAIN

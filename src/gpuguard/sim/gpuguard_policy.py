@@ -56,6 +56,10 @@ class GpuguardPolicy:
         self.by_name = {slot.name: slot.index for slot in engine.slots}
         per_rack = engine.scenario.fleet.nodes_per_rack
         self.domains = [f"rack-{slot.index // per_rack}" for slot in engine.slots]
+        # Where each node is: the slot, which a replacement (a new Node name) keeps.
+        self.positions = [
+            f"rack-{slot.index // per_rack}/slot-{slot.index}" for slot in engine.slots
+        ]
         self.ours: set[int] = set()  # cordoned by us
         self.started: set[tuple[str, float, str, int]] = set()  # (node, episode, what, attempt)
         self.false_counted: set[tuple[str, float]] = set()
@@ -171,7 +175,8 @@ class GpuguardPolicy:
         draining = episode is not None and episode.phase is Phase.DRAINING
         moving = int(draining and (slot.job is not None or slot.drain_until > now))
         # Everything the projection reads: the same again gives the same object, which
-        # the policy core then knows unchanged without comparing it field by field.
+        # the policy core then knows unchanged without comparing it field by field. The
+        # cache is the slot's, and so is the position (the same for every machine in it).
         inputs = (
             slot.name,
             self.layers[index],
@@ -202,6 +207,7 @@ class GpuguardPolicy:
             verify_request=request,
             verify=answer,
             domain=self.domains[index],
+            position=self.positions[index],
         )
         self.observed[index] = (inputs, observation)
         return observation

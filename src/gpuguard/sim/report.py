@@ -86,7 +86,73 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             lambda r: f"{r.actions.get('manual_reboot', 0)} / {r.actions.get('manual_replace', 0)}",
         ),
         ("breaker trips", lambda r: str(r.breaker_trips)),
+        (
+            "automatic replacements / machine faults (need new hardware)",
+            lambda r: _locus_cell(r),
+        ),
+        (
+            "  replacements per machine fault; most per position in 7 d",
+            lambda r: _locus_ratio(r),
+        ),
     ]
+
+
+def _locus_cell(result: PolicyResult) -> str:
+    locus = result.locus
+    if locus is None:
+        return "-"
+    return f"{locus.replacements} / {locus.machine_faults} ({locus.machine_faults_replace})"
+
+
+def _locus_ratio(result: PolicyResult) -> str:
+    locus = result.locus
+    if locus is None or locus.ratio is None:
+        return "-"
+    return f"{locus.ratio:.2f}; {locus.max_per_position_7d}"
+
+
+# Replacements against where the faults live, over the seeds (issue 25): the figures the
+# cap on automatic replacements is judged by, and false drains beside them.
+LOCUS_METRICS: dict[str, Callable[[PolicyResult], float | None]] = {
+    "automatic_replacements": lambda r: r.locus.replacements if r.locus else None,
+    "machine_faults": lambda r: r.locus.machine_faults if r.locus else None,
+    "machine_faults_needing_replace": lambda r: r.locus.machine_faults_replace if r.locus else None,
+    "replacements_per_machine_fault": lambda r: r.locus.ratio if r.locus else None,
+    "max_replacements_per_position_7d": lambda r: r.locus.max_per_position_7d if r.locus else None,
+    "false_drains_per_node_day": lambda r: r.false_drains_per_node_day,
+}
+
+
+def locus_over_seeds(simulation: Simulation, name: str) -> dict[str, Interval | None]:
+    """Each of ``LOCUS_METRICS`` for one policy: mean and 95 % interval over the seeds."""
+    results = simulation.every_seed(name)
+    out: dict[str, Interval | None] = {}
+    for metric, value in LOCUS_METRICS.items():
+        values = [v for v in map(value, results) if v is not None]
+        out[metric] = Interval.of([float(v) for v in values], share=False) if values else None
+    return out
+
+
+def _locus_lines(simulation: Simulation) -> list[str]:
+    names = list(simulation.results)
+    over = {name: locus_over_seeds(simulation, name) for name in names}
+    rows: list[tuple[str, list[str]]] = [("", names)]
+    for metric in LOCUS_METRICS:
+        digits = {"false_drains_per_node_day": 5, "replacements_per_machine_fault": 3}.get(
+            metric, 1
+        )
+        rows.append((metric.replace("_", " "), [_plain(over[n][metric], digits) for n in names]))
+    title = "Replacements and where faults live, over the seeds: mean [95 % interval]"
+    return [title, *_grid(rows)]
+
+
+def _plain(interval: Interval | None, digits: int) -> str:
+    if interval is None:
+        return "-"
+    mean = f"{interval.mean:.{digits}f}"
+    if not math.isfinite(interval.low):
+        return mean
+    return f"{mean} [{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
 
 
 def _size_cell(label: str) -> Callable[[PolicyResult], str]:
@@ -170,6 +236,8 @@ def table(simulation: Simulation) -> str:
         f" {scenario.days:g} days",
         "",
         *spread(simulation),
+        "",
+        *_locus_lines(simulation),
         "",
         f"Seed {scenario.seed} in detail:",
     ]
@@ -321,6 +389,13 @@ def report_data(simulation: Simulation) -> dict[str, object]:
             name: {
                 metric: (interval.to_dict() if interval is not None else None)
                 for metric, interval in simulation.over_seeds(name).items()
+            }
+            for name in names
+        },
+        "locus_over_seeds": {
+            name: {
+                metric: (interval.to_dict() if interval is not None else None)
+                for metric, interval in locus_over_seeds(simulation, name).items()
             }
             for name in names
         },

@@ -101,6 +101,7 @@ class PolicyResult:
     # Node-hours from each disabling fault's start to back in service (or the run's end).
     repair_node_hours_by_class: dict[str, float]
     false_verdicts_per_node_day: float = 0.0  # in-job verdicts naming a healthy GPU
+    locus: LocusFigures | None = None  # replacements against the faults they are for
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -131,7 +132,51 @@ class PolicyResult:
             "deep_suite_runs": self.deep_runs,
             "repair_node_hours_by_class": self.repair_node_hours_by_class,
             "in_job_false_verdicts_per_node_day": self.false_verdicts_per_node_day,
+            "locus": self.locus.to_dict() if self.locus is not None else None,
         }
+
+
+REPLACEMENT_WINDOW_S = 7 * 24 * HOUR
+
+
+@dataclass
+class LocusFigures:
+    """Automatic replacements against the faults only a new machine clears (issue 25).
+
+    ``machine_faults``: faults of the machine itself (not of its position, its domain or
+    the job; benign signals are none) that were on a node during the run, those the fleet
+    carried at the start included; ``machine_faults_replace``: those of them whose fix is
+    new hardware. ``max_per_position_7d``: the most automatic replacements of one slot's
+    machine within any 7 days."""
+
+    replacements: int
+    machine_faults: int
+    machine_faults_replace: int
+    max_per_position_7d: int
+
+    @property
+    def ratio(self) -> float | None:
+        """Automatic replacements per machine fault (None: no machine fault)."""
+        return self.replacements / self.machine_faults if self.machine_faults else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "automatic_replacements": self.replacements,
+            "machine_faults": self.machine_faults,
+            "machine_faults_needing_replace": self.machine_faults_replace,
+            "replacements_per_machine_fault": self.ratio,
+            "max_replacements_per_position_7d": self.max_per_position_7d,
+        }
+
+
+def most_in_window(times: list[float], window: float) -> int:
+    """The most of ``times`` (sorted) within any span shorter than ``window``."""
+    most = first = 0
+    for last, t in enumerate(times):
+        while t - times[first] >= window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
 
 @dataclass
@@ -293,6 +338,15 @@ def summarise(engine: Engine) -> PolicyResult:
         deep_runs=dict(sorted(stats.deep_runs.items())),
         repair_node_hours_by_class=_repair_by_class(engine),
         false_verdicts_per_node_day=stats.false_verdicts / (nodes * scenario.days),
+        locus=LocusFigures(
+            replacements=stats.actions["replace"],
+            machine_faults=stats.machine_faults,
+            machine_faults_replace=stats.machine_faults_replace,
+            max_per_position_7d=max(
+                (most_in_window(t, REPLACEMENT_WINDOW_S) for t in stats.replaced_at.values()),
+                default=0,
+            ),
+        ),
     )
 
 

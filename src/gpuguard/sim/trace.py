@@ -3,10 +3,12 @@
 A trace is a list of records: the node a fault hit, when it started and ended (days from
 the trace's start), its class (one of ``TRACE_CLASSES``: what the simulator emits for it)
 and the recorded description. The file format is CSV with the header
-``node,start_days,end_days,class,description`` and an optional sixth column ``fix``
+``node,start_days,end_days,class,description`` and optional columns ``fix``
 (``restart``, ``reset``, ``reboot``, ``replace``, ``self``; empty: drawn from the
-scenario's shares for the class); ``# nodes: N`` and ``# days: D`` lines before the header
-give the fleet's size and the span (otherwise the scenario's). ``infinitehbd`` names the
+scenario's shares for the class) and ``locus`` (``machine``, ``position``, ``domain``,
+``job``: where the fault lives; empty: the class's, ``default_locus``); ``# nodes: N``
+and ``# days: D`` lines before the header give the fleet's size and the span (otherwise
+the scenario's). ``infinitehbd`` names the
 bundled StepFun trace (``trace_infinitehbd``). Errors name the file, the record and the
 field.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuguard.errors import ConfigError
-from gpuguard.sim.faults import DAY, Fault, Fix, Signal, fault_from_record
+from gpuguard.sim.faults import DAY, LOCI, Fault, Fix, Locus, Signal, fault_from_record
 from gpuguard.sim.scenario import Scenario
 
 # Trace class -> (simulator fault class, the signal when the class's own draw would not
@@ -48,6 +50,7 @@ TRACE_CLASSES: dict[str, tuple[str, Signal | None]] = {
     "unattributed": ("unattributed", None),  # the job dies, nothing shows on the node
 }
 FIELDS = ("node", "start_days", "end_days", "class", "description")
+OPTIONAL = ("fix", "locus")
 BUNDLED = {"infinitehbd": "data/traces/infinitehbd/fault_trace.json"}
 
 
@@ -59,6 +62,16 @@ class TraceRecord:
     cls: str
     description: str
     fix: Fix | None = None
+    locus: Locus | None = None  # None: the class's (``default_locus``)
+
+
+def default_locus(trace_class: str) -> Locus:
+    """Where a trace class's faults live when the record does not say. A trace's
+    ``fabric`` record is one node's link (a cable, an optic), so a position; the rest as
+    the simulator's class (``faults.LOCI``)."""
+    if trace_class == "fabric":
+        return Locus.POSITION
+    return LOCI[TRACE_CLASSES[trace_class][0]]
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,7 @@ class Trace:
                     rng,
                     fix=record.fix,
                     signal=signal,
+                    locus=record.locus if record.locus is not None else default_locus(record.cls),
                 )
             )
         return faults
@@ -142,15 +156,15 @@ def parse_csv(text: str, origin: str) -> Trace:
     reader = csv.reader(io.StringIO("\n".join(lines)))
     header = next(reader, None)
     if header is None or tuple(h.strip() for h in header[:5]) != FIELDS:
-        raise ConfigError(f"{origin}: the header must be {','.join(FIELDS)}[,fix]")
+        raise ConfigError(f"{origin}: the header must be {','.join(FIELDS)}[,fix[,locus]]")
     records = []
     for number, row in enumerate(reader, start=1):
         if not row:
             continue
-        if len(row) not in (5, 6):
-            raise ConfigError(f"{origin}: record {number}: {len(row)} fields, expected 5 or 6")
+        if not 5 <= len(row) <= 7:
+            raise ConfigError(f"{origin}: record {number}: {len(row)} fields, expected 5 to 7")
         node, start, end, cls, description = (cell.strip() for cell in row[:5])
-        fix = row[5].strip() if len(row) == 6 else ""
+        fix, locus = (row[i].strip() if len(row) > i else "" for i in (5, 6))
         records.append(
             check_record(
                 TraceRecord(
@@ -160,6 +174,7 @@ def parse_csv(text: str, origin: str) -> Trace:
                     cls,
                     description,
                     _fix(fix, origin, number),
+                    _locus(locus, origin, number),
                 ),
                 origin,
                 number,
@@ -221,4 +236,16 @@ def _fix(text: str, origin: str, number: int) -> Fix | None:
         names = ", ".join(str(f) for f in Fix)
         raise ConfigError(
             f"{origin}: record {number}: field fix: {text!r} is not one of {names}"
+        ) from None
+
+
+def _locus(text: str, origin: str, number: int) -> Locus | None:
+    if not text:
+        return None
+    try:
+        return Locus(text.lower())
+    except ValueError:
+        names = ", ".join(str(locus) for locus in Locus)
+        raise ConfigError(
+            f"{origin}: record {number}: field locus: {text!r} is not one of {names}"
         ) from None

@@ -13,56 +13,61 @@ import json
 import math
 
 from gpuguard.errors import ConfigError
-from gpuguard.sim.faults import Fix
+from gpuguard.sim.faults import Fix, Locus
 from gpuguard.sim.trace import Trace, TraceRecord, check_record, finish
 
+M, P, J = Locus.MACHINE, Locus.POSITION, Locus.JOB
 SERVERS = 400  # "fault trace data from 400 GPU servers" (the trace's README)
 
-# (Class, Desc) -> (trace class, fix when the description says it; None: the class's shares)
-MAPPING: dict[tuple[str, str], tuple[str, Fix | None]] = {
-    ("GPU", "GPU DBE(Double Bit ECC) > Threshold"): ("hbm", Fix.REPLACE),  # retirement: RMA
-    ("GPU", "GPU SBE(Single Bit ECC) > Threshold"): ("hbm", Fix.RESET),  # a remap pending
-    ("GPU", "GPU xid Error"): ("gpu", None),
-    ("GPU", "GPU Lost"): ("gpu", None),
-    ("GPU", "GPU device unknow error"): ("gpu", None),  # NVML "Unknown Error": GPU lost
-    ("GPU", "GPU device not found"): ("pcie", None),  # off the bus
-    ("GPU", "GPU Temperature High"): ("thermal", None),
-    ("GPU", "nvidia-smi Timeout"): ("gsp", None),  # the driver stops answering
+# (Class, Desc) -> (trace class, fix when the description says it, None: the class's
+# shares; locus: where the fault lives, docs/simulator.md "Where a fault lives"). A cable or
+# a remote optic is the position's: a new server in the slot is plugged into the same one.
+# The unattributed records (no signal, the job dies) are booked as the job's: where they
+# live is not known, and they end with the job's restart.
+MAPPING: dict[tuple[str, str], tuple[str, Fix | None, Locus]] = {
+    ("GPU", "GPU DBE(Double Bit ECC) > Threshold"): ("hbm", Fix.REPLACE, M),  # retirement: RMA
+    ("GPU", "GPU SBE(Single Bit ECC) > Threshold"): ("hbm", Fix.RESET, M),  # a remap pending
+    ("GPU", "GPU xid Error"): ("gpu", None, M),
+    ("GPU", "GPU Lost"): ("gpu", None, M),
+    ("GPU", "GPU device unknow error"): ("gpu", None, M),  # NVML "Unknown Error": GPU lost
+    ("GPU", "GPU device not found"): ("pcie", None, M),  # off the bus
+    ("GPU", "GPU Temperature High"): ("thermal", None, M),
+    ("GPU", "nvidia-smi Timeout"): ("gsp", None, M),  # the driver stops answering
     # A narrow PCIe link or low P2P bandwidth: the GPU works, slower. The agent's
     # PCIE_WIDTH_DEGRADED reads the width; the simulator emits no width, so only a load
     # test finds these here (conservative for gpuguard).
-    ("GPU", "GPU PCI link width low"): ("fail_slow", None),
-    ("GPU", "GPU P2P Bandwidth Low"): ("fail_slow", None),
-    ("GPU", "Silent Data Corruption"): ("sdc", None),
-    ("Parameter Plane Cable", "Link Down"): ("fabric", Fix.SELF),  # one node's cable
-    ("NIC", "NIC Link Speed low"): ("nic_slow", None),
-    ("NIC", "NIC PCI link Width low"): ("nic_slow", None),
-    ("NIC", "NIC Lost"): ("nic", None),
-    ("NIC", "Rnic Gid Error"): ("nic", None),
-    ("Power Supply", "Power Supply Failure detected"): ("host", Fix.REPLACE),
-    ("Power Supply", "Redundancy Lost"): ("host", Fix.REPLACE),
-    ("Fan", "Speed Critical (Sensor)"): ("host", Fix.REPLACE),
-    ("Fan", "Redundancy Lost"): ("host", Fix.REPLACE),
-    ("Motherboard Battery", "Low"): ("host", Fix.REPLACE),
-    ("Motherboard", "Motherboard Failed"): ("host", Fix.REPLACE),
-    ("CPU", "Configuration Error"): ("host", Fix.REBOOT),
-    ("CPU", "Machine Check Exception ( Uncorrectable )"): ("host", Fix.REPLACE),
-    ("RAID Card", "Bus Correctable error"): ("host", Fix.REPLACE),
-    ("Riser Card", "RiserCard Fault"): ("host", Fix.REPLACE),
-    ("Other Failures", "Unknown Error"): ("unattributed", None),  # hardware or software
-    ("File System", "FS: Multiple Disk FS Error"): ("host", Fix.REBOOT),
-    ("File System", "FS Readonly"): ("host", Fix.REBOOT),
-    ("Software Tool", "Kubelet Date Absent"): ("host", Fix.REBOOT),  # NotReady
-    ("Operating System", "Kernel Panic"): ("host", Fix.REBOOT),
-    ("Firmware", "Firmware mismatch"): ("host", Fix.REBOOT),
-    ("Unknown Error", "Unknown Error"): ("unattributed", None),
-    ("System Crash", "Server down"): ("host", None),
+    ("GPU", "GPU PCI link width low"): ("fail_slow", None, M),
+    ("GPU", "GPU P2P Bandwidth Low"): ("fail_slow", None, M),
+    ("GPU", "Silent Data Corruption"): ("sdc", None, M),
+    ("Parameter Plane Cable", "Link Down"): ("fabric", Fix.SELF, P),  # one node's cable
+    ("NIC", "NIC Link Speed low"): ("nic_slow", None, M),
+    ("NIC", "NIC PCI link Width low"): ("nic_slow", None, M),
+    ("NIC", "NIC Lost"): ("nic", None, M),
+    ("NIC", "Rnic Gid Error"): ("nic", None, M),
+    ("Power Supply", "Power Supply Failure detected"): ("host", Fix.REPLACE, M),
+    ("Power Supply", "Redundancy Lost"): ("host", Fix.REPLACE, M),
+    ("Fan", "Speed Critical (Sensor)"): ("host", Fix.REPLACE, M),
+    ("Fan", "Redundancy Lost"): ("host", Fix.REPLACE, M),
+    ("Motherboard Battery", "Low"): ("host", Fix.REPLACE, M),
+    ("Motherboard", "Motherboard Failed"): ("host", Fix.REPLACE, M),
+    ("CPU", "Configuration Error"): ("host", Fix.REBOOT, M),
+    ("CPU", "Machine Check Exception ( Uncorrectable )"): ("host", Fix.REPLACE, M),
+    ("RAID Card", "Bus Correctable error"): ("host", Fix.REPLACE, M),
+    ("Riser Card", "RiserCard Fault"): ("host", Fix.REPLACE, M),
+    ("Other Failures", "Unknown Error"): ("unattributed", None, J),  # hardware or software
+    ("File System", "FS: Multiple Disk FS Error"): ("host", Fix.REBOOT, M),
+    ("File System", "FS Readonly"): ("host", Fix.REBOOT, M),
+    ("Software Tool", "Kubelet Date Absent"): ("host", Fix.REBOOT, M),  # NotReady
+    ("Operating System", "Kernel Panic"): ("host", Fix.REBOOT, M),
+    ("Firmware", "Firmware mismatch"): ("host", Fix.REBOOT, M),
+    ("Unknown Error", "Unknown Error"): ("unattributed", None, J),
+    ("System Crash", "Server down"): ("host", None, M),
     # Found by the operators' stress test: a GPU that fails under load, no signal at rest.
-    ("Stress Test Failure", "Unknown Error"): ("fail_slow", None),
-    ("Change", "Y-cables Taken offline"): ("fabric", Fix.SELF),
-    ("Change", "Remote Optical Module Failure"): ("fabric", Fix.SELF),
-    ("Training Task Troubleshooting", "Suspect Machine Offline"): ("unattributed", None),
-    ("Test", "Temporarily Offline"): ("unattributed", None),
+    ("Stress Test Failure", "Unknown Error"): ("fail_slow", None, M),
+    ("Change", "Y-cables Taken offline"): ("fabric", Fix.SELF, P),
+    ("Change", "Remote Optical Module Failure"): ("fabric", Fix.SELF, P),
+    ("Training Task Troubleshooting", "Suspect Machine Offline"): ("unattributed", None, J),
+    ("Test", "Temporarily Offline"): ("unattributed", None, J),
 }
 
 
@@ -106,8 +111,8 @@ def _record(
             f"{origin}: record {number}: field fault_type: no mapping for Class {cls!r},"
             f" Desc {desc!r} (sim/trace_infinitehbd.py MAPPING)"
         )
-    trace_class, fix = mapped
-    record = TraceRecord(node, start, end, trace_class, f"{cls}: {desc}", fix)
+    trace_class, fix, locus = mapped
+    record = TraceRecord(node, start, end, trace_class, f"{cls}: {desc}", fix, locus)
     return check_record(record, origin, number)
 
 
