@@ -39,6 +39,12 @@ DEFERRED_STAYS_TRUE = frozenset({"eks"})
 KARPENTER_REPAIRS = frozenset(PROFILES["eks"].values())
 # Every type some profile writes: those are ours to remove when no longer reported.
 OWNED_TYPES = frozenset(t for profile in PROFILES.values() for t in profile.values())
+# The controller's own condition (controller/position_faults.py): False while a node's
+# position (a cable, an optic, a switch port) holds a fault replacing the machine did not
+# cure. Not the agent's, so not in OWNED_TYPES: the agent never removes it.
+POSITION_CONDITION = "GpuguardPositionHealthy"
+POSITION_AT_FAULT = "PositionAtFault"
+POSITION_RETURNED = "PositionReturned"
 # Condition type -> layer name, for every profile an agent may be running with.
 LAYER_OF_TYPE = {kind: str(layer) for names in PROFILES.values() for layer, kind in names.items()}
 

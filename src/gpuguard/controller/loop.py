@@ -28,8 +28,10 @@ from gpuguard.controller.apply import Applier
 from gpuguard.controller.breaker_store import BreakerStore
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
-from gpuguard.controller.observe import project_node
+from gpuguard.controller.observe import project_node, read_position
 from gpuguard.controller.pods import PodCache, slim_pod
+from gpuguard.controller.position_faults import PositionFaults
+from gpuguard.controller.positions import Positions
 from gpuguard.controller.providers import provider_for
 from gpuguard.controller.replacements import Replacements
 from gpuguard.controller.silence import Silence
@@ -110,6 +112,10 @@ class Controller:
         )
         self.reconciler = Reconciler(policy)
         self.replacements = Replacements(self.applier)
+        self.positions = Positions()
+        self.position_faults = PositionFaults(
+            self.writer, self.applier.events, self.metrics, dry_run=dry_run
+        )
         self.pods = PodCache()
         self._nodes: dict[str, Json] = {}
         self._observed: dict[str, NodeObservation] = {}
@@ -267,6 +273,7 @@ class Controller:
             if isinstance(item, Snapshot):
                 self._nodes, self._observed = {}, {}
                 self.reconciler.forget_nodes()
+                self.positions.clear()
                 for node in item.items:
                     self._put(node)
                 self.silence.keep_only(self._observed.keys())
@@ -337,15 +344,27 @@ class Controller:
         name = node["metadata"]["name"]
         old = self._observed.get(name)
         attended = name in self.reconciler.attention  # the old projection needed attention
+        policy = self.policy
         try:
             observed = project_node(
-                node, self.policy.pool_label, self.policy.correlation.domain_label
+                node, policy.pool_label, policy.correlation.domain_label, policy.positions.labels
             )
         except Exception:  # the last good projection stands; the rest of the list goes on
             self.metrics.unreadable.labels("Node").inc()
             log.exception("Node %s could not be read, its last reading kept", name)
             return False
         self._nodes[name], self._observed[name] = node, observed
+        self.position_faults.seen(node)
+        metadata = node["metadata"]
+        sharing = self.positions.put(
+            name,
+            read_position(metadata.get("labels") or {}, policy.positions.labels),
+            live=not metadata.get("deletionTimestamp"),
+            reporting=bool(observed.layers),
+        )
+        moved = [other for other in sharing if self._share(other)]
+        attended |= any(other in self.reconciler.episodes for other in moved)
+        observed = self._share(name) or observed
         annotations = node["metadata"].get("annotations") or {}
         if observed.reported_at is None and REPORT_ANNOTATION in annotations:
             self.metrics.unreadable.labels("report").inc()  # logged by project_node
@@ -360,6 +379,21 @@ class Controller:
         self._observed.pop(name, None)
         self.silence.forget(name)
         self.reconciler.track(name, None)
+        self.position_faults.forget(name)
+        for other in self.positions.drop(name):
+            self._share(other)
+
+    def _share(self, name: str) -> NodeObservation | None:
+        """Give the cached node the other live Nodes now claiming its position; the new
+        observation when that changed it."""
+        observed = self._observed.get(name)
+        shared = self.positions.shared_with(name)
+        if observed is None or observed.position_shared_with == shared:
+            return None
+        observed = dataclasses.replace(observed, position_shared_with=shared)
+        self._observed[name] = observed
+        self.reconciler.track(name, observed)
+        return observed
 
     # --- one pass -----------------------------------------------------------------
     def reconcile(self) -> Plan:
@@ -385,7 +419,10 @@ class Controller:
                 for name in wanted
             }
             population = {pool: n for pool, n in reconciler.population.items() if n}
+            notices = self.positions.untold(self.metrics)
         self._tell_silent(silent, now)
+        for notice in notices:
+            self.applier.events.about_node(notice.node, notice.reason, notice.note, now)
         done = reconciler.reconcile(
             observations,
             now,
@@ -400,6 +437,8 @@ class Controller:
                 registered = list(self._observed.values())
             self.replacements.name(reconciler.history, registered, now)
         self.deadline = min(done.deadline, next_silence)
+        if not self.position_faults.publish(reconciler.episodes.values(), now):
+            self.deadline = min(self.deadline, now + self.retry_s)
         if self.applier.evictions_blocked:  # a budget frees up with no event we watch
             self.applier.evictions_blocked = False
             self.deadline = min(self.deadline, now + EVICTION_RETRY_S)

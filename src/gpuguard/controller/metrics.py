@@ -87,6 +87,26 @@ class ControllerMetrics(Probes):
             "Nodes whose agent's last report is older than the policy's agent_timeout_s",
             registry=self.registry,
         )
+        self.nodes_without_position = Gauge(
+            "gpuguard_controller_nodes_without_position",
+            "Nodes the agent reports on whose position labels (policy positions.labels) are "
+            "missing or incomplete: the policy uses the node's name for its position",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.shared_positions = Gauge(
+            "gpuguard_controller_shared_positions",
+            "Positions claimed by more than one live Node (no reboot or replace there)",
+            registry=self.registry,
+        )
+        # One series per node held for its position's fault: bounded by the nodes held.
+        self.position_at_fault = Gauge(
+            "gpuguard_position_at_fault",
+            "1 while the node's open episode holds its position at fault (a cable, an optic, "
+            "a switch port): no reboot or replace there until a person marks it fixed",
+            ["position", "node"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "gpuguard_controller_leader",
             "1 on the replica that holds the Lease",

@@ -8,7 +8,8 @@ read through ``contract``; how the policy reads a layer is ``remediation.health`
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.contract.conditions import FALSE, KARPENTER_REPAIRS
@@ -19,10 +20,12 @@ from gpuguard.contract.keys import (
     EXCLUDE_LABEL,
     INSTANCE_TYPE_LABEL,
     NODEPOOL_LABEL,
+    POSITION_FIXED_ANNOTATION,
     REPORT_ANNOTATION,
     TAINT_KEY,
     VERIFY_REQUEST_ANNOTATION,
 )
+from gpuguard.contract.remediation import MAX_POSITION
 from gpuguard.contract.report import ReportDocument, decode_report, read_layers, reported_at
 from gpuguard.contract.times import parse_time
 from gpuguard.contract.verify import VerifyAnswer, read_request
@@ -30,13 +33,64 @@ from gpuguard.remediation.health import as_policy_reads
 from gpuguard.remediation.model import NodeObservation
 
 log = logging.getLogger("gpuguard.controller")
+# Why a node's position is not known (the policy then uses its name).
+UNLABELLED, INCOMPLETE, TOO_LONG = "unlabelled", "incomplete", "too_long"
+MAX_MARK = 253  # a person's position-fixed mark is a ticket id, shown in steps and Events
+
+
+@dataclass(frozen=True)
+class PositionReading:
+    """The node's position from its labels ("": unknown), or why it is unknown
+    (``problem``) and the labels that would have named it (``missing``)."""
+
+    position: str = ""
+    problem: str = ""
+    missing: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        what = {
+            UNLABELLED: "carries none of the position label sets",
+            INCOMPLETE: "carries a position label set only in part",
+            TOO_LONG: f"has position labels longer than {MAX_POSITION} characters in all",
+        }[self.problem]
+        missing = f" (missing: {', '.join(self.missing)})" if self.missing else ""
+        return f"{what}{missing}: its own name stands for its position"
+
+
+def read_position(
+    labels: Mapping[str, Any], label_sets: Sequence[Sequence[str]]
+) -> PositionReading:
+    """The first label set whose labels are all present (an empty value is absent) names
+    the position, as ``label=value`` pairs in the set's order. None complete: unknown, and
+    a set present in part is a labelling mistake worth naming (a rack without its slot).
+    No label sets configured: positions are not used, and nothing is missing."""
+    partial: list[str] = []
+    for names in label_sets:
+        present = [name for name in names if labels.get(name)]
+        if len(present) == len(names):
+            position = ",".join(f"{name}={labels[name]}" for name in names)
+            if len(position) > MAX_POSITION:
+                return PositionReading(problem=TOO_LONG)
+            return PositionReading(position)
+        if present:
+            partial += [name for name in names if name not in present]
+    if partial:
+        return PositionReading(problem=INCOMPLETE, missing=tuple(partial))
+    if not label_sets:
+        return PositionReading()
+    wanted = tuple(" + ".join(names) for names in label_sets)
+    return PositionReading(problem=UNLABELLED, missing=wanted)
 
 
 def project_node(
-    node: Mapping[str, Any], pool_label: str, domain_label: str = ""
+    node: Mapping[str, Any],
+    pool_label: str,
+    domain_label: str = "",
+    position_labels: Sequence[Sequence[str]] = (),
 ) -> NodeObservation:
     """``domain_label``: the label naming the node's topology domain (a rack, a leaf
-    switch) for the policy's shared-cause rule; unset or absent: the node is in none."""
+    switch) for the policy's shared-cause rule; unset or absent: the node is in none.
+    ``position_labels``: the policy's ``positions.labels`` (``read_position``)."""
     metadata = node.get("metadata", {})
     name = str(metadata.get("name", ""))
     labels = metadata.get("labels") or {}
@@ -67,7 +121,16 @@ def project_node(
                 if c.get("type") in KARPENTER_REPAIRS and c.get("status") == FALSE
             )
         ),
+        position=read_position(labels, position_labels).position,
+        position_fixed=_mark(annotations.get(POSITION_FIXED_ANNOTATION)),
     )
+
+
+def _mark(value: object) -> str:
+    """A person's position-fixed mark; an empty value is a mark all the same."""
+    if value is None:
+        return ""
+    return str(value).strip()[:MAX_MARK] or "(no ticket)"
 
 
 def _machine(labels: Mapping[str, Any]) -> str:

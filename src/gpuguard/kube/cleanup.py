@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuguard.contract.conditions import PROFILES
+from gpuguard.contract.conditions import POSITION_CONDITION, PROFILES
 from gpuguard.contract.keys import (
     CORDONED_BY_US_ANNOTATION,
     MEMORY_ANNOTATION,
@@ -50,10 +50,12 @@ class NodeCleanup:
 
 
 def owned_types(profile: str) -> frozenset[str]:
-    """The condition types gpuguard wrote under ``profile`` (its own names always)."""
+    """The condition types gpuguard wrote under ``profile`` (its own names always, and
+    the controller's)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown condition profile {profile!r} (profiles: {', '.join(PROFILES)})")
-    return frozenset(PROFILES["gpuguard"].values()) | frozenset(PROFILES[profile].values())
+    ours = {*PROFILES["gpuguard"].values(), POSITION_CONDITION}
+    return frozenset(ours) | frozenset(PROFILES[profile].values())
 
 
 def plan(node: Json, profile: str) -> NodeCleanup:
@@ -74,8 +76,7 @@ def apply(api: KubeApi, cleanup: NodeCleanup) -> None:
     """Take ``cleanup`` off its Node; each write touches only what is ours."""
     name = cleanup.node
     if cleanup.conditions:
-        entries = [{"$patch": "delete", "type": kind} for kind in cleanup.conditions]
-        api.patch(NODES.path(name, sub="status"), {"status": {"conditions": entries}}, "strategic")
+        fleet.patch_conditions(api, name, (), remove=cleanup.conditions)
     if cleanup.annotations:
         removed = dict.fromkeys(cleanup.annotations)
         api.patch(NODES.path(name), {"metadata": {"annotations": removed}})

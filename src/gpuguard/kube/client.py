@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.times import format_micro_time
+from gpuguard.kube import fleet
 from gpuguard.kube.errors import KubeUnavailable, NodeView
 from gpuguard.kube.rest import NODES, KubeApi, KubeExpired, Resource
 
@@ -83,15 +84,9 @@ class NodeApi:
     def patch_conditions(
         self, name: str, conditions: list[dict[str, Any]], remove: list[str]
     ) -> None:
-        """Set the given conditions and delete the listed types, leaving all others alone.
-
-        A strategic merge patch keyed by condition type, so the kubelet's own conditions
-        (written concurrently) are never overwritten.
-        """
-        entries: list[dict[str, Any]] = list(conditions)
-        entries += [{"$patch": "delete", "type": kind} for kind in remove]
-        body = {"status": {"conditions": entries}}
-        self._api.patch(NODES.path(name, sub="status"), body, kind="strategic")
+        """Set the given conditions and delete the listed types, leaving all others alone
+        (``fleet.patch_conditions``)."""
+        fleet.patch_conditions(self._api, name, conditions, remove)
 
     def patch_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
         body = {"metadata": {"annotations": dict(annotations)}}

@@ -12,7 +12,7 @@ the node is already in writes nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -22,7 +22,15 @@ from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, KubeRefused, 
 from gpuguard.retry import retry
 
 CONFLICT_RETRIES = 5
-_KEPT_METADATA = ("name", "uid", "resourceVersion", "labels", "annotations", "creationTimestamp")
+_KEPT_METADATA = (
+    "name",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "annotations",
+    "creationTimestamp",
+    "deletionTimestamp",  # a Node on its way out no longer claims its position
+)
 
 
 def slim_node(node: Json) -> Json:
@@ -59,6 +67,7 @@ class _Metadata(msgspec.Struct, omit_defaults=True):
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     creationTimestamp: str | None = None
+    deletionTimestamp: str | None = None
 
 
 class _Spec(msgspec.Struct, omit_defaults=True):
@@ -190,6 +199,16 @@ def uncordon(api: KubeApi, node: Json) -> Json:
         }
 
     return _update(api, node, change)
+
+
+def patch_conditions(
+    api: KubeApi, name: str, conditions: Sequence[Json], remove: Sequence[str] = ()
+) -> None:
+    """Set ``conditions`` and delete the ``remove`` types on the Node, leaving all others
+    alone: a strategic merge patch keyed by condition type, so the kubelet's own
+    conditions (written concurrently) are never overwritten."""
+    entries = [*conditions, *({"$patch": "delete", "type": kind} for kind in remove)]
+    api.patch(NODES.path(name, sub="status"), {"status": {"conditions": entries}}, "strategic")
 
 
 def _is_ours(taint: Json) -> bool:

@@ -1,0 +1,114 @@
+"""The fleet's positions as the controller sees them: which live Nodes claim each one, and
+which Nodes have none the policy can use (docs/remediation.md, "Where a fault lives").
+
+The policy reads a node's position from its observation; what no single Node shows is
+here: a position claimed by two live Nodes (a mislabelled one, or a replacement labelled
+before its predecessor left) fills each one's ``position_shared_with``. What cannot be
+read is said, never fatal: a gauge by reason, an Event per Node and per shared position,
+once per controller run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import NamedTuple
+
+from gpuguard.controller.metrics import ControllerMetrics
+from gpuguard.controller.observe import INCOMPLETE, TOO_LONG, UNLABELLED, PositionReading
+
+POSITION_UNKNOWN = "PositionUnknown"
+POSITION_SHARED = "PositionShared"
+
+
+class Notice(NamedTuple):
+    """An Event to give about ``node``."""
+
+    node: str
+    reason: str
+    note: str
+
+
+class Positions:
+    """Not thread-safe: the controller calls it under its Node cache's lock."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, str] = {}  # live node -> its position (known ones only)
+        self._claims: dict[str, set[str]] = {}  # position -> the live nodes claiming it
+        self._unknown: dict[str, PositionReading] = {}  # reporting node -> why unknown
+        self._told_unknown: set[str] = set()
+        self._told_shared: set[tuple[str, frozenset[str]]] = set()
+
+    def put(self, name: str, reading: PositionReading, *, live: bool, reporting: bool) -> set[str]:
+        """The node's latest reading; returns the other nodes whose sharing changed.
+        ``live``: not being deleted; ``reporting``: gpuguard's agent reports on it (only
+        such nodes are told about: a CPU node has no rack slot to label)."""
+        if reading.problem and reporting:
+            if self._unknown.get(name) != reading:
+                self._told_unknown.discard(name)
+            self._unknown[name] = reading
+        else:
+            self._unknown.pop(name, None)
+            self._told_unknown.discard(name)
+        position = reading.position if live else ""
+        old = self._at.get(name, "")
+        if position == old:
+            return set()
+        affected = self._leave(name, old)
+        if position:
+            claims = self._claims.setdefault(position, set())
+            affected |= claims
+            claims.add(name)
+            self._at[name] = position
+        return affected
+
+    def drop(self, name: str) -> set[str]:
+        """The Node is gone: the nodes that shared its position no longer do."""
+        self._unknown.pop(name, None)
+        self._told_unknown.discard(name)
+        return self._leave(name, self._at.get(name, ""))
+
+    def clear(self) -> None:
+        """Before a fresh list: every node is put again (what was told stays told)."""
+        self._at.clear()
+        self._claims.clear()
+        self._unknown.clear()
+
+    def shared_with(self, name: str) -> tuple[str, ...]:
+        position = self._at.get(name, "")
+        return tuple(sorted(self._claims.get(position, set()) - {name}))
+
+    def untold(self, metrics: ControllerMetrics) -> list[Notice]:
+        """Set the gauges; the Events not given yet in this run, each given once (an Event
+        is best effort), for the caller to send outside the cache's lock."""
+        reasons = Counter(reading.problem for reading in self._unknown.values())
+        for reason in (UNLABELLED, INCOMPLETE, TOO_LONG):
+            metrics.nodes_without_position.labels(reason).set(reasons.get(reason, 0))
+        notices = [
+            Notice(name, POSITION_UNKNOWN, f"Node {name} {self._unknown[name].describe()}")
+            for name in sorted(self._unknown.keys() - self._told_unknown)
+        ]
+        self._told_unknown |= self._unknown.keys()
+        shared = {p: frozenset(names) for p, names in self._claims.items() if len(names) > 1}
+        metrics.shared_positions.set(len(shared))
+        self._told_shared &= set(shared.items())  # shared again later: told again
+        for position, names in sorted(shared.items()):
+            if (position, names) in self._told_shared:
+                continue
+            note = (
+                f"position {position} is claimed by {len(names)} live Nodes: "
+                f"{', '.join(sorted(names))}; no reboot or replace on any of them until all "
+                "but one are gone or relabelled"
+            )
+            notices.append(Notice(min(names), POSITION_SHARED, note))
+            self._told_shared.add((position, names))
+        return notices
+
+    def _leave(self, name: str, position: str) -> set[str]:
+        self._at.pop(name, None)
+        if not position:
+            return set()
+        claims = self._claims[position]
+        claims.discard(name)
+        if not claims:
+            del self._claims[position]
+        return set(claims)

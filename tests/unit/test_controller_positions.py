@@ -1,0 +1,152 @@
+"""Positions as the controller reads them: from labels, shared between live Nodes, and what
+it says about those it cannot read."""
+
+from __future__ import annotations
+
+from gpuguard.contract.conditions import POSITION_CONDITION
+from gpuguard.controller.metrics import ControllerMetrics
+from gpuguard.controller.observe import (
+    INCOMPLETE,
+    TOO_LONG,
+    UNLABELLED,
+    PositionReading,
+    project_node,
+    read_position,
+)
+from gpuguard.controller.position_faults import condition_status, message
+from gpuguard.controller.positions import POSITION_SHARED, POSITION_UNKNOWN, Positions
+from gpuguard.remediation.model import Episode
+from gpuguard.remediation.policy import DEFAULT_POSITION_LABELS
+from tests.support.metrics import sample
+
+GKE = DEFAULT_POSITION_LABELS[1]
+
+
+def test_the_first_complete_label_set_names_the_position_in_its_order():
+    labels = {"position": "u1", "rack": "r1", GKE[0]: "b", GKE[1]: "s", GKE[2]: "h"}
+    assert read_position(labels, DEFAULT_POSITION_LABELS) == PositionReading("rack=r1,position=u1")
+    gke = {GKE[2]: "h", GKE[0]: "b", GKE[1]: "s"}
+    assert read_position(gke, DEFAULT_POSITION_LABELS).position == (
+        f"{GKE[0]}=b,{GKE[1]}=s,{GKE[2]}=h"
+    )
+
+
+def test_a_complete_set_wins_over_a_partial_one():
+    labels = {"rack": "r1", GKE[0]: "b", GKE[1]: "s", GKE[2]: "h"}
+    reading = read_position(labels, DEFAULT_POSITION_LABELS)
+    assert reading.position.startswith(GKE[0]) and not reading.problem
+
+
+def test_without_labels_the_node_is_unlabelled_and_told_which_sets_would_name_it():
+    reading = read_position({"karpenter.sh/nodepool": "gpu"}, DEFAULT_POSITION_LABELS)
+    assert (reading.position, reading.problem) == ("", UNLABELLED)
+    assert reading.missing[0] == "rack + position"
+    assert "none of the position label sets" in reading.describe()
+
+
+def test_a_set_present_in_part_names_the_missing_labels():
+    for labels in ({"rack": "r1"}, {"rack": "r1", "position": ""}):
+        reading = read_position(labels, DEFAULT_POSITION_LABELS)
+        assert (reading.position, reading.problem, reading.missing) == (
+            "",
+            INCOMPLETE,
+            ("position",),
+        )
+        assert "missing: position" in reading.describe()
+
+
+def test_no_label_sets_configured_means_positions_are_not_used():
+    assert read_position({}, []) == PositionReading()
+
+
+def test_a_position_too_long_for_the_episode_is_refused():
+    small = [[f"l{i}" for i in range(8)]]
+    big = [[f"example.com/{'x' * 60}{i}" for i in range(10)]]
+    for sets, fits in ((small, True), (big, False)):
+        labels = {name: "v" * 63 for name in sets[0]}
+        reading = read_position(labels, sets)
+        assert bool(reading.position) is fits and (reading.problem == TOO_LONG) is not fits
+
+
+def raw(name: str, **labels: str) -> dict:
+    return {"metadata": {"name": name, "labels": labels, "annotations": {}}}
+
+
+def test_projection_carries_the_position_and_a_persons_mark():
+    node = raw("gpu-1", rack="r1", position="u1")
+    node["metadata"]["annotations"]["gpuguard.io/position-fixed"] = "ticket-1"
+    observed = project_node(node, "pool", "", DEFAULT_POSITION_LABELS)
+    assert (observed.position, observed.position_fixed) == ("rack=r1,position=u1", "ticket-1")
+    node["metadata"]["annotations"]["gpuguard.io/position-fixed"] = " "
+    assert project_node(node, "pool").position_fixed == "(no ticket)"
+    assert project_node(raw("gpu-2"), "pool", "", DEFAULT_POSITION_LABELS).position == ""
+
+
+def test_two_live_nodes_share_a_position_until_one_leaves():
+    positions = Positions()
+    here = PositionReading("rack=r1,position=u1")
+    assert positions.put("a", here, live=True, reporting=True) == set()
+    assert positions.put("b", here, live=True, reporting=True) == {"a"}
+    assert positions.shared_with("a") == ("b",) and positions.shared_with("b") == ("a",)
+    metrics = ControllerMetrics()
+    (notice,) = positions.untold(metrics)
+    assert (notice.node, notice.reason) == ("a", POSITION_SHARED)
+    assert "a, b" in notice.note
+    assert sample(metrics.registry, "gpuguard_controller_shared_positions") == 1
+    assert positions.untold(metrics) == []  # once per run
+    # b is being deleted: it no longer claims the position.
+    assert positions.put("b", here, live=False, reporting=True) == {"a"}
+    assert positions.shared_with("a") == ()
+    positions.untold(metrics)
+    assert sample(metrics.registry, "gpuguard_controller_shared_positions") == 0
+    positions.put("c", here, live=True, reporting=True)
+    assert [n.reason for n in positions.untold(metrics)] == [POSITION_SHARED]  # a new sharing
+    assert positions.drop("c") == {"a"} and positions.shared_with("a") == ()
+
+
+def test_relabelling_moves_a_node_to_its_new_position():
+    positions = Positions()
+    positions.put("a", PositionReading("p1"), live=True, reporting=True)
+    positions.put("b", PositionReading("p1"), live=True, reporting=True)
+    assert positions.put("b", PositionReading("p2"), live=True, reporting=True) == {"a"}
+    assert positions.shared_with("a") == positions.shared_with("b") == ()
+
+
+def test_unknown_positions_are_counted_by_reason_and_told_once_per_node():
+    positions = Positions()
+    unlabelled = read_position({}, DEFAULT_POSITION_LABELS)
+    incomplete = read_position({"rack": "r1"}, DEFAULT_POSITION_LABELS)
+    positions.put("a", unlabelled, live=True, reporting=True)
+    positions.put("b", incomplete, live=True, reporting=True)
+    positions.put("cpu", unlabelled, live=True, reporting=False)  # no agent: not ours
+    metrics = ControllerMetrics()
+    notices = positions.untold(metrics)
+    assert [(n.node, n.reason) for n in notices] == [
+        ("a", POSITION_UNKNOWN),
+        ("b", POSITION_UNKNOWN),
+    ]
+    assert "missing: position" in notices[1].note
+    for reason, count in ((UNLABELLED, 1), (INCOMPLETE, 1), (TOO_LONG, 0)):
+        assert (
+            sample(metrics.registry, "gpuguard_controller_nodes_without_position", reason=reason)
+            == count
+        )
+    assert positions.untold(metrics) == []
+    positions.put("b", PositionReading("rack=r1,position=u1"), live=True, reporting=True)
+    positions.untold(metrics)
+    assert (
+        sample(metrics.registry, "gpuguard_controller_nodes_without_position", reason=INCOMPLETE)
+        == 0
+    )
+
+
+def test_the_condition_message_names_the_position_and_the_evidence_once():
+    evidence = "position rack=r1,position=u1: gpu-a was replaced there ... shows it again"
+    episode = Episode(node="gpu-b", opened_at=0, phase_since=0, position="rack=r1,position=u1")
+    episode.position_fault = evidence
+    assert message(episode) == evidence
+    episode.position_fault = "x" * 5000
+    assert message(episode).startswith("position rack=r1,position=u1: x")
+    assert len(message(episode)) <= 1024
+    node = {"status": {"conditions": [{"type": POSITION_CONDITION, "status": "False"}]}}
+    assert condition_status(node) == "False" and condition_status({"status": {}}) == ""
