@@ -85,8 +85,8 @@ def test_projection_carries_the_position_and_a_persons_mark():
 def test_two_live_nodes_share_a_position_until_one_leaves():
     positions = Positions()
     here = PositionReading("rack=r1,position=u1")
-    assert positions.put("a", here, live=True, reporting=True) == set()
-    assert positions.put("b", here, live=True, reporting=True) == {"a"}
+    assert positions.put("a", here, reporting=True) == set()
+    assert positions.put("b", here, reporting=True) == {"a"}
     assert positions.shared_with("a") == ("b",) and positions.shared_with("b") == ("a",)
     metrics = ControllerMetrics()
     (notice,) = positions.untold(metrics)
@@ -94,21 +94,21 @@ def test_two_live_nodes_share_a_position_until_one_leaves():
     assert "a, b" in notice.note
     assert sample(metrics.registry, "gpuguard_controller_shared_positions") == 1
     assert positions.untold(metrics) == []  # once per run
-    # b is being deleted: it no longer claims the position.
-    assert positions.put("b", here, live=False, reporting=True) == {"a"}
+    # b is relabelled (no position labels left): it no longer claims the position.
+    assert positions.put("b", PositionReading(), reporting=True) == {"a"}
     assert positions.shared_with("a") == ()
     positions.untold(metrics)
     assert sample(metrics.registry, "gpuguard_controller_shared_positions") == 0
-    positions.put("c", here, live=True, reporting=True)
+    positions.put("c", here, reporting=True)
     assert [n.reason for n in positions.untold(metrics)] == [POSITION_SHARED]  # a new sharing
     assert positions.drop("c") == {"a"} and positions.shared_with("a") == ()
 
 
 def test_relabelling_moves_a_node_to_its_new_position():
     positions = Positions()
-    positions.put("a", PositionReading("p1"), live=True, reporting=True)
-    positions.put("b", PositionReading("p1"), live=True, reporting=True)
-    assert positions.put("b", PositionReading("p2"), live=True, reporting=True) == {"a"}
+    positions.put("a", PositionReading("p1"), reporting=True)
+    positions.put("b", PositionReading("p1"), reporting=True)
+    assert positions.put("b", PositionReading("p2"), reporting=True) == {"a"}
     assert positions.shared_with("a") == positions.shared_with("b") == ()
 
 
@@ -116,9 +116,9 @@ def test_unknown_positions_are_counted_by_reason_and_told_once_per_node():
     positions = Positions()
     unlabelled = read_position({}, DEFAULT_POSITION_LABELS)
     incomplete = read_position({"rack": "r1"}, DEFAULT_POSITION_LABELS)
-    positions.put("a", unlabelled, live=True, reporting=True)
-    positions.put("b", incomplete, live=True, reporting=True)
-    positions.put("cpu", unlabelled, live=True, reporting=False)  # no agent: not ours
+    positions.put("a", unlabelled, reporting=True)
+    positions.put("b", incomplete, reporting=True)
+    positions.put("cpu", unlabelled, reporting=False)  # no agent: not ours
     metrics = ControllerMetrics()
     notices = positions.untold(metrics)
     assert [(n.node, n.reason) for n in notices] == [
@@ -132,7 +132,7 @@ def test_unknown_positions_are_counted_by_reason_and_told_once_per_node():
             == count
         )
     assert positions.untold(metrics) == []
-    positions.put("b", PositionReading("rack=r1,position=u1"), live=True, reporting=True)
+    positions.put("b", PositionReading("rack=r1,position=u1"), reporting=True)
     positions.untold(metrics)
     assert (
         sample(metrics.registry, "gpuguard_controller_nodes_without_position", reason=INCOMPLETE)

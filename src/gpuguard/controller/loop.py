@@ -355,12 +355,9 @@ class Controller:
             return False
         self._nodes[name], self._observed[name] = node, observed
         self.position_faults.seen(node)
-        metadata = node["metadata"]
+        labels = node["metadata"].get("labels") or {}
         sharing = self.positions.put(
-            name,
-            read_position(metadata.get("labels") or {}, policy.positions.labels),
-            live=not metadata.get("deletionTimestamp"),
-            reporting=bool(observed.layers),
+            name, read_position(labels, policy.positions.labels), reporting=bool(observed.layers)
         )
         moved = [other for other in sharing if self._share(other)]
         attended |= any(other in self.reconciler.episodes for other in moved)

@@ -38,10 +38,12 @@ class Positions:
         self._told_unknown: set[str] = set()
         self._told_shared: set[tuple[str, frozenset[str]]] = set()
 
-    def put(self, name: str, reading: PositionReading, *, live: bool, reporting: bool) -> set[str]:
+    def put(self, name: str, reading: PositionReading, *, reporting: bool) -> set[str]:
         """The node's latest reading; returns the other nodes whose sharing changed.
-        ``live``: not being deleted; ``reporting``: gpuguard's agent reports on it (only
-        such nodes are told about: a CPU node has no rack slot to label)."""
+        ``reporting``: gpuguard's agent reports on it (only such nodes are told about: a
+        CPU node has no rack slot to label). A Node being deleted still claims its
+        position: until it is gone its episode is open, and what happened there is not yet
+        history the policy can read."""
         if reading.problem and reporting:
             if self._unknown.get(name) != reading:
                 self._told_unknown.discard(name)
@@ -49,7 +51,7 @@ class Positions:
         else:
             self._unknown.pop(name, None)
             self._told_unknown.discard(name)
-        position = reading.position if live else ""
+        position = reading.position
         old = self._at.get(name, "")
         if position == old:
             return set()

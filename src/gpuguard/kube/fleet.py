@@ -22,15 +22,7 @@ from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, KubeRefused, 
 from gpuguard.retry import retry
 
 CONFLICT_RETRIES = 5
-_KEPT_METADATA = (
-    "name",
-    "uid",
-    "resourceVersion",
-    "labels",
-    "annotations",
-    "creationTimestamp",
-    "deletionTimestamp",  # a Node on its way out no longer claims its position
-)
+_KEPT_METADATA = ("name", "uid", "resourceVersion", "labels", "annotations", "creationTimestamp")
 
 
 def slim_node(node: Json) -> Json:
@@ -67,7 +59,6 @@ class _Metadata(msgspec.Struct, omit_defaults=True):
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     creationTimestamp: str | None = None
-    deletionTimestamp: str | None = None
 
 
 class _Spec(msgspec.Struct, omit_defaults=True):
