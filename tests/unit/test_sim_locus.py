@@ -326,3 +326,28 @@ def test_a_csv_trace_with_a_bad_locus_is_one_line_naming_the_record_and_field(tm
     assert "\n" not in message
     assert message.startswith(f"{path}: record 2: field locus: 'rack-7' is not one of")
     assert "machine, position, domain, job" in message
+
+
+def test_a_ticket_for_a_replaced_machine_does_not_hold_back_the_new_machines():
+    # A ticket for the first machine is pending when the policy replaces it; the new
+    # machine then fails for good and is ticketed too: a person comes for it.
+    dbe = _fault(
+        0,
+        slot=0,
+        cls="hbm",
+        start=2 * HOUR,
+        fix=Fix.REPLACE,
+        signal=Signal.XID_48_REMAP_FAILED,
+        locus=Locus.MACHINE,
+    )
+    engine, _ = _run(
+        [dbe],
+        [
+            (1 * HOUR, lambda e: e.request_human(e.slots[0])),
+            (1.5 * HOUR, lambda e: e.replace(e.slots[0])),
+            (2 * HOUR + 60, lambda e: e.request_human(e.slots[0])),
+        ],
+        _scenario(manual_response_h=2),
+    )
+    assert engine.stats.actions["manual_replace"] == 1
+    assert engine.slots[0].generation == 2 and engine.slots[0].faults == {}

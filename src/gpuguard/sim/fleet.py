@@ -47,6 +47,7 @@ class Slot:
     gpu_withdrawn: bool = False  # the device plugin marked a GPU Unhealthy until it restarts
     drain_until: float = 0.0
     human_pending: bool = False
+    human_for: int | None = None  # the machine the pending visit is for
     schedulable: bool = False
     in_service: bool = False
     incidents: list[int] = field(default_factory=list)  # disabling faults not yet repaired
@@ -285,14 +286,19 @@ class Fleet:
     # -- people -----------------------------------------------------------------------
 
     def request_human(self, slot: Slot) -> None:
-        """A person looks at the node after the scenario's response time."""
-        if slot.human_pending:
+        """A person looks at the node after the scenario's response time. A ticket is for
+        the machine in the slot: one still pending for a machine since replaced does not
+        hold back the new machine's (its visit is dropped when it comes due)."""
+        if slot.human_pending and slot.human_for == slot.machine:
             return
         slot.human_pending = True
+        slot.human_for = slot.machine
         response = self._detection.manual_response_h * HOUR
         self._events.at(self._events.now + response, self._human, slot, slot.machine)
 
     def _human(self, slot: Slot, machine: int | None) -> None:
+        if slot.human_for != machine:
+            return  # a visit for a machine since replaced; the new one's is pending
         slot.human_pending = False
         if slot.machine != machine or slot.down:
             return
