@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpuguard.contract.conditions import POSITION_CONDITION
 from gpuguard.contract.keys import (
     CORDONED_BY_US_ANNOTATION,
     MEMORY_ANNOTATION,
@@ -21,7 +22,8 @@ from tests.support.controllers import node, node_name
 from tests.support.controlplane import ControlPlane
 
 FOREIGN_TAINT = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
-OURS = ["GpuguardGPUHealthy", "GpuguardNetworkHealthy", "GpuguardKernelHealthy"]
+# The agent's, and the controller's own (a position at fault).
+OURS = ["GpuguardGPUHealthy", "GpuguardNetworkHealthy", "GpuguardKernelHealthy", POSITION_CONDITION]
 
 
 def marked(api: KubeApi) -> str:

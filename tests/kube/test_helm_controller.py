@@ -28,7 +28,12 @@ import pytest
 import yaml
 
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
-from gpuguard.contract.keys import BREAKER_CONFIGMAP, BREAKER_RESET_ANNOTATION
+from gpuguard.contract.conditions import POSITION_CONDITION
+from gpuguard.contract.keys import (
+    BREAKER_CONFIGMAP,
+    BREAKER_RESET_ANNOTATION,
+    POSITION_FIXED_ANNOTATION,
+)
 from gpuguard.controller.breaker_store import BreakerStore
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.loop import LEASE_NAME
@@ -335,6 +340,7 @@ def test_controller_cluster_role_follows_provider_and_dry_run(helm, values):
         **NODEREMEDIATION_RIGHTS,
     }
     if acting:
+        expected["/nodes/status"] = {"patch"}  # GpuguardPositionHealthy
         expected["/pods/eviction"] = {"create"}
         expected["/pods/status"] = {"patch"}
         if not delete_node:
@@ -693,6 +699,25 @@ def test_controller_records_episodes_and_events(controller, admin_api, nodes):
     admin_api.delete(NODE_REMEDIATIONS.path(object_name(NODE_A, opened)))
 
 
+def test_controller_writes_its_position_condition_and_takes_a_persons_mark(
+    controller, admin_api, nodes
+):
+    """Its own condition type (and only it) in status; the position-fixed mark off."""
+    admin_api.patch(
+        NODES.path(NODE_A), {"metadata": {"annotations": {POSITION_FIXED_ANNOTATION: "t-1"}}}
+    )
+    held = {"type": POSITION_CONDITION, "status": "False", "reason": "PositionAtFault"}
+    fleet.patch_conditions(controller, NODE_A, [held | {"message": "chart test"}])
+    controller.patch(
+        NODES.path(NODE_A), {"metadata": {"annotations": {POSITION_FIXED_ANNOTATION: None}}}
+    )
+    node = admin_api.get(NODES.path(NODE_A))
+    assert POSITION_FIXED_ANNOTATION not in (node["metadata"].get("annotations") or {})
+    (ours,) = [c for c in node["status"]["conditions"] if c["type"] == POSITION_CONDITION]
+    assert ours["status"] == "False"
+    fleet.patch_conditions(controller, NODE_A, [], remove=[POSITION_CONDITION])
+
+
 def test_controller_holds_its_lease_and_breaker_state(controller, installed):
     now = time.time()
     clock = FakeClock(now)
@@ -928,6 +953,8 @@ def test_dry_run_role_records_but_cannot_disrupt(
     pod = running_pod("bystander")
     cluster_role_of("controller.dryRun=true")
     wait_for(lambda: not can(controller_call, "patch", "nodes"), RBAC_PROPAGATION_TIMEOUT_S)
+    with pytest.raises(KubeRefused, match="403"):  # nor its own condition
+        fleet.patch_conditions(controller, NODE_A, [{"type": POSITION_CONDITION, "status": "True"}])
     with pytest.raises(KubeRefused, match="403"):
         fleet.taint(controller, fleet.get_node(controller, NODE_A))
     counts = drain.evict_pods(controller, [pod])

@@ -36,6 +36,7 @@ ALERTS = {
     "drainBlocked": "GpuguardDrainBlocked",
     "breakerOpen": "GpuguardBreakerOpen",
     "noLeader": "GpuguardNoControllerLeader",
+    "positionAtFault": "GpuguardPositionAtFault",
     "lemonNode": "GpuguardLemonNode",
     "checkTimeouts": "GpuguardCheckTimeouts",
 }
