@@ -17,12 +17,28 @@ from tests.support.cluster import finish_terminating_pods, install_crds, scratch
 from tests.support.controllers import Running, new_controller
 from tests.support.controlplane import REPO, ControlPlane, testenv_bin
 from tests.support.jobsystem import JobSystem
+from tests.support.karpenter import KARPENTER_TOLERATION_S, TRAIN_NAMESPACE, KarpenterCluster
 
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with ControlPlane(Path(tmp_path_factory.mktemp("controlplane")), testenv_bin()) as plane:
         yield plane
+
+
+@pytest.fixture(scope="session")
+def karpenter_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A second plane (its audit log tells gpuguard's writes from Karpenter's), the real
+    Karpenter on it (tests/support/karpenter.py); shared by the modules that need it."""
+    workdir = Path(tmp_path_factory.mktemp("karpenter"))
+    with ControlPlane(workdir, testenv_bin(), audit=True) as plane:
+        karpenter = KarpenterCluster(plane, workdir, repair_toleration=f"{KARPENTER_TOLERATION_S}s")
+        try:
+            with load_api(plane.admin_kubeconfig) as api:
+                karpenter.start(api, namespaces=(TRAIN_NAMESPACE, "gpuguard"))
+                yield plane
+        finally:
+            karpenter.stop()
 
 
 @pytest.fixture(scope="module")

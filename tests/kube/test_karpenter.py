@@ -3,9 +3,9 @@ Karpenter drains and terminates it and launches a replacement, and the training 
 (examples/jobs/job.yaml) resumes on the new node and completes, its failures uncounted,
 and the episode closes Replaced naming the new node.
 
-A control plane of its own: Karpenter's real NodeClaim CRD would clash with the shared API
-server's stand-in, and the node lifecycle controller Karpenter needs would mark the other
-tests' kubelet-less nodes NotReady.
+A control plane of its own (``karpenter_plane``, shared with test_positions.py): Karpenter's
+real NodeClaim CRD would clash with the shared API server's stand-in, and the node lifecycle
+controller Karpenter needs would mark the other tests' kubelet-less nodes NotReady.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +22,6 @@ from gpuguard.kube.remediations import NODE_REMEDIATIONS, report_result
 from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult
-from tests.support import controlplane
 from tests.support.audit import AuditLog
 from tests.support.cluster import set_health, stamp, wait_for
 from tests.support.controllers import Running, new_controller, only_rung, remediations, tainted
@@ -37,24 +34,21 @@ from tests.support.jobsystem import (
     running_pod,
     training_job,
 )
-from tests.support.karpenter import KARPENTER_USER, KarpenterCluster, node_gone, nodeclaims
+from tests.support.karpenter import (
+    KARPENTER_TOLERATION_S,
+    KARPENTER_USER,
+    TRAIN_NAMESPACE,
+    node_gone,
+    nodeclaims,
+)
 
-NAMESPACE = "train"
-TOLERATION_S = 30  # Karpenter's repair toleration in these tests (the AWS provider's: 10 min)
+NAMESPACE = TRAIN_NAMESPACE
+TOLERATION_S = KARPENTER_TOLERATION_S
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """The plane (its audit log tells gpuguard's writes from Karpenter's), Karpenter on it."""
-    workdir = Path(tmp_path_factory.mktemp("karpenter"))
-    with ControlPlane(workdir, controlplane.testenv_bin(), audit=True) as plane:
-        karpenter = KarpenterCluster(plane, workdir, repair_toleration=f"{TOLERATION_S}s")
-        try:
-            with load_api(plane.admin_kubeconfig) as api:
-                karpenter.start(api, namespaces=(NAMESPACE, "gpuguard"))
-                yield plane
-        finally:
-            karpenter.stop()
+@pytest.fixture
+def cluster(karpenter_plane: ControlPlane) -> ControlPlane:
+    return karpenter_plane
 
 
 def node_of(pod: dict[str, Any]) -> str:

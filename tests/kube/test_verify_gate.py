@@ -28,7 +28,7 @@ from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
 from gpuguard.sources import BundleSources
-from tests.support.cluster import make_node, wait_for
+from tests.support.cluster import make_node, set_health, stamp, wait_for
 from tests.support.controllers import (
     FAST_POLICY,
     POOL,
@@ -183,3 +183,52 @@ def test_agent_sees_a_verify_request_at_once_not_at_its_next_heartbeat(api, star
     answer = wait_for(lambda: report(api, name).get("verify"), 10, "the answer in the report")
     assert answer["requestedAt"] == stamp and answer["passed"] is True
     assert deep.runs == 1
+
+
+# --- slowness confirmed by a second measurement (the test answers as the agent would) ------
+SLOW: dict[str, Any] = {
+    "gpu": "False",
+    "action": "RESET_GPU",
+    "codes": ("DEEP_MATMUL_SLOW",),
+    "gpus": ("0000:91:00.0",),
+    "deferred": True,
+}
+
+
+def slow_node_measured_again(api: KubeApi, start_controller, passed: bool, *codes: str):
+    """A node whose report shows only slowness; the controller asks for a second
+    measurement and gets ``passed``/``codes`` as the agent's deep suite would answer."""
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    set_health(api, name, **SLOW)
+    controller = start_controller()
+    request = wait_for(
+        lambda: annotations(api, name).get(VERIFY_REQUEST_ANNOTATION), 30, "the verify request"
+    )
+    assert status_of(api, name)["phase"] == "Quarantined" and not status_of(api, name).get(
+        "request"
+    )
+    answer = {"requestedAt": request, "at": stamp(), "passed": passed, "codes": list(codes)}
+    set_health(api, name, **SLOW, verify=answer)
+    return name, controller
+
+
+def test_slowness_a_second_measurement_does_not_confirm_starts_no_reset(api, start_controller):
+    name, controller = slow_node_measured_again(api, start_controller, True)
+    wait_for(
+        lambda: "not confirmed" in (status_of(api, name).get("lastMessage") or ""),
+        30,
+        "the episode saying the slowness was not confirmed",
+    )
+    reconciled(controller, times=3)  # passes on: none of them resets
+    status = status_of(api, name)
+    assert status["phase"] == "Quarantined" and not status.get("rung")
+    assert not status.get("request") and tainted(api, name)
+    assert not node(api, name)["spec"].get("unschedulable")
+    assert any("the second measurement passed" in s["message"] for s in status["steps"])
+
+
+def test_slowness_a_second_measurement_confirms_is_reset(api, start_controller):
+    name, _ = slow_node_measured_again(api, start_controller, False, "DEEP_MATMUL_SLOW")
+    asked = wait_for(lambda: status_of(api, name).get("request"), 30, "the RESET_GPU request")
+    assert asked["action"] == "RESET_GPU" and asked["gpus"] == ["0000:91:00.0"]

@@ -116,8 +116,13 @@ def set_health(
     network: str = "True",
     network_action: str = "NONE",
     network_codes: tuple[str, ...] = (),
+    network_ports: tuple[str, ...] = (),
+    deferred: bool = False,
+    verify: dict[str, Any] | None = None,
 ) -> None:
-    """Write what an agent would: the three conditions and the report annotation."""
+    """Write what an agent would: the three conditions and the report annotation.
+    ``deferred``: the GPU layer's repair waits for running work; ``verify``: the report's
+    answer to a verify request (``requestedAt``, ``at``, ``passed``, ``codes``)."""
     when = stamp(since_offset_s)
     conditions = [
         {
@@ -141,17 +146,22 @@ def set_health(
             "action": action,
             "codes": list(codes),
             "gpus": list(gpus),
+            **({"deferred": True} if deferred else {}),
         },
         "network": {
             "status": "Healthy" if network == "True" else "Unhealthy",
             "action": network_action,
             "codes": list(network_codes),
             "gpus": [],
+            "ports": list(network_ports),
         },
         "kernel": {"status": "Healthy", "action": "NONE", "codes": [], "gpus": []},
     }
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    report = json.dumps({"reportedAt": now, "layers": layers})
+    document: dict[str, Any] = {"reportedAt": now, "layers": layers}
+    if verify is not None:
+        document["verify"] = verify
+    report = json.dumps(document)
     api.patch(
         f"/api/v1/nodes/{node}", {"metadata": {"annotations": {"gpuguard.io/report": report}}}
     )

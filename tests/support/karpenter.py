@@ -30,6 +30,8 @@ CONTROLLERS = (
     "pod-garbage-collector",
 )
 GPU_INSTANCE = "gpu-8x-h100"
+TRAIN_NAMESPACE = "train"  # the training Jobs' (tests/kube/conftest.py karpenter_plane)
+KARPENTER_TOLERATION_S = 30  # Karpenter's repair toleration in tests (the AWS provider's: 10 min)
 NODEPOOL = "gpu"
 KARPENTER_USER = "karpenter"
 
