@@ -274,6 +274,7 @@ class Controller:
                 self._nodes, self._observed = {}, {}
                 self.reconciler.forget_nodes()
                 self.positions.clear()
+                self.position_faults.clear()
                 for node in item.items:
                     self._put(node)
                 self.silence.keep_only(self._observed.keys())

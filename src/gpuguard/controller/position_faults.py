@@ -27,7 +27,7 @@ from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.kube import fleet
 from gpuguard.kube.errors import KubeError
-from gpuguard.kube.rest import Json, KubeApi
+from gpuguard.kube.rest import Json, KubeApi, KubeNotFound
 from gpuguard.remediation.model import Episode, Phase
 
 log = logging.getLogger("gpuguard.controller")
@@ -80,6 +80,11 @@ class PositionFaults:
         with self._lock:
             self._status.pop(name, None)
 
+    def clear(self) -> None:
+        """Before a fresh list of the fleet: every Node is seen again."""
+        with self._lock:
+            self._status.clear()
+
     def publish(self, episodes: Iterable[Episode], now: float) -> bool:
         """Bring conditions, Events and gauge in line with ``episodes`` (the pass's);
         False when a write failed (tried again at the next pass)."""
@@ -117,6 +122,9 @@ class PositionFaults:
         }
         try:
             fleet.patch_conditions(self.api, name, [condition])
+        except KubeNotFound:
+            self.forget(name)  # the Node is gone, and its condition with it
+            return True
         except KubeError as exc:
             log.warning(
                 "condition %s=%s on %s not written: %s", POSITION_CONDITION, status, name, exc
