@@ -13,8 +13,9 @@ from gpuguard.agent.daemon import Agent
 from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.in_job.verdict_check import InJobCheck, forget_verdicts
+from gpuguard.checks.load.deep_run import DeepRun
 from gpuguard.config import Config
-from gpuguard.model import Action, Layer, Severity, Status, assess_layer
+from gpuguard.model import Action, CheckResult, Layer, Outcome, Severity, Status, assess_layer
 from gpuguard.runner import run_check
 from gpuguard.sources import BundleSources
 from gpuguard.training.verdicts import Verdict, VerdictKind, read_verdicts, write_verdict
@@ -156,4 +157,28 @@ def test_the_agent_forgets_what_its_repair_answered(tmp_path, action, left):
     follower = FileFollower(tmp_path / "kmsg.log", 0.05)
     agent = Agent(Config(), BundleSources(tmp_path), [], follower, "gpu-node-7", api=None)
     agent.after_repair(action, ("00000000:1B:00.0",), repaired_at)
+    assert sorted(v.rank for v in read_verdicts(directory)[0]) == left
+
+
+@pytest.mark.parametrize(
+    ("outcome", "left"),
+    [(Outcome.OK, [2, 7]), (Outcome.TOOL_MISSING, [2, 5, 7])],
+)
+def test_a_passing_deep_run_forgets_the_fail_slow_verdicts_written_before_it(
+    tmp_path, outcome, left
+):
+    # Slowness a second measurement does not confirm: the verdict goes, so the node is not
+    # held for it; a mismatch (wrong results) and a newer verdict stay.
+    directory = in_job(tmp_path)
+    finished = time.time()
+    write_verdict(directory, verdict(written_at=finished - 120))  # rank 5
+    write_verdict(
+        directory, verdict(VerdictKind.REPLICA_MISMATCH, rank=2, written_at=finished - 120)
+    )
+    write_verdict(directory, verdict(rank=7, written_at=finished - 10))  # during the run
+    (tmp_path / "kmsg.log").write_text("")
+    follower = FileFollower(tmp_path / "kmsg.log", 0.05)
+    agent = Agent(Config(), BundleSources(tmp_path), [], follower, "gpu-node-7", api=None)
+    result = CheckResult("deep-gpu", Layer.GPU, outcome, duration_s=60.0)
+    agent.after_deep_run(DeepRun("verify", result, finished, "2026-12-03T00:00:00Z"))
     assert sorted(v.rank for v in read_verdicts(directory)[0]) == left

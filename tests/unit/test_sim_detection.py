@@ -26,6 +26,9 @@ from gpuguard.sim.scenario import FaultClasses, Scenario, build_scenario, load_s
 
 QUIET = {name: {"rate": 0, "fix": {"restart": 1}} for name in FaultClasses.model_fields}
 VERIFY_RESETS = build_policy({"verify": {"enabled": True, "rungs": ["RESET_GPU", "REBOOT"]}}, "t")
+# Acting on the first measurement, as before slowness was confirmed: where a test is about
+# the schedule or the gate alone, the confirmations' own runs and verifies stay out of it.
+UNCONFIRMED = build_policy({"confirm": {"enabled": False}}, "t")
 
 
 def _scenario(
@@ -57,9 +60,13 @@ def _scenario(
 
 @functools.cache
 def _run(
-    deep: tuple[tuple[str, object], ...] = (), verify: bool = False, busy: float = 0.5
+    deep: tuple[tuple[str, object], ...] = (),
+    verify: bool = False,
+    busy: float = 0.5,
+    confirm: bool = True,
 ) -> dict[str, PolicyResult]:
-    return simulate(_scenario(deep, busy=busy), VERIFY_RESETS if verify else Policy()).results
+    chosen = (VERIFY_RESETS if verify else Policy()) if confirm else UNCONFIRMED
+    return simulate(_scenario(deep, busy=busy), chosen).results
 
 
 def test_gpuguard_finds_and_removes_sdc_and_fail_slow_and_the_baselines_do_not():
@@ -83,7 +90,8 @@ def test_gpuguard_finds_and_removes_sdc_and_fail_slow_and_the_baselines_do_not()
 def test_the_time_to_find_follows_the_schedule():
     def found(hours: float, busy: float) -> Distribution:
         deep = (("interval_h", hours),)
-        return _run(deep, busy=busy)["gpuguard"].hidden_faults["fail_slow"].time_to_find_h
+        found = _run(deep, busy=busy, confirm=False)["gpuguard"].hidden_faults["fail_slow"]
+        return found.time_to_find_h
 
     # A mostly idle fleet: the run comes when it is due, within about an interval.
     assert 0 < found(24, 0.3).p50 <= 24
@@ -163,7 +171,7 @@ def test_without_the_deep_schedule_gpuguard_misses_them_too():
 
 
 def test_the_verify_gate_catches_a_repair_that_did_not_fix_the_fault():
-    plain = _run()["gpuguard"]
+    plain = _run(confirm=False)["gpuguard"]
     gated = _run(verify=True)["gpuguard"]
     assert "verify" not in plain.deep_runs
     assert gated.deep_runs["verify"] > 0
@@ -175,6 +183,17 @@ def test_the_verify_gate_catches_a_repair_that_did_not_fix_the_fault():
     slow_plain = plain.hidden_faults["fail_slow"].time_to_remove_h
     slow_gated = gated.hidden_faults["fail_slow"].time_to_remove_h
     assert slow_gated.p50 < slow_plain.p50
+
+
+def test_confirmed_slowness_is_measured_again_after_each_repair_without_the_gate():
+    unconfirmed = _run(confirm=False)["gpuguard"]
+    confirmed = _run()["gpuguard"]
+    # The second measurements, and the verify a repair of confirmed slowness needs: a
+    # reset forgets the deep verdict, so without one a slow GPU would return to service.
+    assert "verify" not in unconfirmed.deep_runs
+    assert confirmed.deep_runs["verify"] > 0 and confirmed.deep_runs["verify_failed"] > 0
+    assert confirmed.actions.get("reboot", 0) > unconfirmed.actions.get("reboot", 0)
+    assert confirmed.hidden_faults["fail_slow"].removed > 0
 
 
 def test_sdc_fails_the_job_where_the_scenario_says_so():

@@ -15,7 +15,7 @@ import pytest
 
 from gpuguard.cli import main
 from gpuguard.config import LoadClocks
-from gpuguard.remediation.policy import Policy
+from gpuguard.remediation.policy import Policy, build_policy
 from gpuguard.sim.agent_view import AgentView
 from gpuguard.sim.engine import Engine
 from gpuguard.sim.faults import Effect, Fault, Fix, Signal
@@ -74,12 +74,19 @@ def test_a_slow_rank_is_named_after_persistence_windows_of_its_slowed_steps():
     assert longer.stats.hidden[0].in_job == pytest.approx(_ready_s(engine) + 4 * delay)
 
 
+# Confirmed slowness climbs from a GPU reset, each rung measured again: a second
+# measurement, a reset, its verify, a reboot (10 min), its verify, then the replacement.
+CONFIRMED_LADDER = {"reset": 1, "reboot": 1, "replace": 1}
+LADDER_S = 1800
+
+
 def test_the_deferred_repair_waits_for_the_next_checkpoint_then_replaces_the_node():
     engine, job = _one_job(4, _fault("fail_slow", slowdown=0.5))
     checkpoint = _ready_s(engine) + engine.scenario.jobs.checkpoint_interval_min * 60.0
     removed = engine.stats.hidden[0].removed
-    assert engine.stats.actions["replace"] == 1
-    assert removed is not None and checkpoint <= removed < checkpoint + 600
+    assert {k: engine.stats.actions[k] for k in CONFIRMED_LADDER} == CONFIRMED_LADDER
+    assert engine.stats.deep_runs["verify"] == engine.stats.deep_runs["verify_failed"] == 3
+    assert removed is not None and checkpoint <= removed < checkpoint + LADDER_S
     # Drained at its checkpoint: it redoes no more than seconds of work, not an interval's.
     assert job.interruptions == 1 and job.lost_h * HOUR < 60
     assert engine.stats.false_drains == 0
@@ -90,10 +97,10 @@ def test_a_verdict_stands_when_its_job_ends_and_the_node_is_repaired_then():
     named, removed = engine.stats.hidden[0].in_job, engine.stats.hidden[0].removed
     checkpoint = _ready_s(engine) + engine.scenario.jobs.checkpoint_interval_min * 60.0
     assert job.ended_at is not None and named is not None and named < job.ended_at < checkpoint
-    # The pods are gone, so the deferred repair need wait for nothing: the node is
-    # replaced soon after the job's end, the slow GPU with it.
-    assert removed is not None and job.ended_at <= removed < job.ended_at + 600
-    assert engine.stats.actions["replace"] == 1
+    # The pods are gone, so the deferred repair need wait for nothing: the slowness is
+    # confirmed and the ladder climbed soon after the job's end, the slow GPU replaced.
+    assert removed is not None and job.ended_at <= removed < job.ended_at + LADDER_S
+    assert {k: engine.stats.actions[k] for k in CONFIRMED_LADDER} == CONFIRMED_LADDER
 
 
 def test_a_rank_that_recovers_withdraws_its_verdict_before_any_repair():
@@ -195,17 +202,27 @@ def test_the_agent_names_a_throttled_gpu_under_load_after_its_window():
     assert off.stats.hidden[0].passive is None
 
 
-def test_false_verdicts_are_counted_and_wrongly_repair_healthy_nodes():
+def test_false_verdicts_are_counted_and_unconfirmed_repair_nothing():
     data = hidden_faults_fleet().model_dump(by_alias=True)
     data["in_job"].update(enabled=True, false_verdicts_per_node_day=0.05)
     data["failures"].update(fail_slow_per_1000_node_days=0)
     data["failures"]["classes"]["sdc"]["rate"] = 0
-    noisy = simulate(build_scenario(data, "t"), policies=("gpuguard",)).results["gpuguard"]
+    scenario = build_scenario(data, "t")
+    noisy = simulate(scenario, policies=("gpuguard",)).results["gpuguard"]
     assert 0 < noisy.false_verdicts_per_node_day <= 0.05
-    assert noisy.false_drains_per_node_day > 0 and noisy.actions.get("replace", 0) > 0
+    # Each was measured again, passed, and was forgotten: no drain, no repair.
+    assert noisy.deep_runs["verify"] > 0 and "verify_failed" not in noisy.deep_runs
+    assert noisy.false_drains_per_node_day == 0
+    assert not {"reset", "reboot", "replace"} & set(noisy.actions)
+    # Acting on the first measurement, the same verdicts repair healthy nodes.
+    unconfirmed = build_policy({"confirm": {"enabled": False}}, "t")
+    hasty = simulate(scenario, unconfirmed, policies=("gpuguard",)).results["gpuguard"]
+    assert hasty.false_drains_per_node_day > 0 and hasty.actions.get("reset", 0) > 0
     data["in_job"]["false_verdicts_per_node_day"] = 0
     clean = simulate(build_scenario(data, "t"), policies=("gpuguard",)).results["gpuguard"]
     assert clean.false_verdicts_per_node_day == 0 and clean.false_drains_per_node_day == 0
+    # Quarantined only while measured: about the service of the fleet with no verdicts.
+    assert noisy.gpu_node_availability > clean.gpu_node_availability - 0.002
 
 
 @functools.cache

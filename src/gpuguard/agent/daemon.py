@@ -30,6 +30,7 @@ from gpuguard.agent.publisher import Publisher
 from gpuguard.checks.base import Check, Fallback
 from gpuguard.checks.in_job.verdict_check import forget_verdicts
 from gpuguard.checks.load.checks import DeepGpuCheck
+from gpuguard.checks.load.deep_run import DeepRun
 from gpuguard.checks.registry import FALLBACKS
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.config import Config
@@ -37,6 +38,7 @@ from gpuguard.contract.conditions import PROFILES, Desired, desired_conditions
 from gpuguard.kube.watch import WATCH_JOIN_S
 from gpuguard.model import Action, Layer, NodeReport
 from gpuguard.sources import Sources
+from gpuguard.training.verdicts import VerdictKind
 
 log = logging.getLogger("gpuguard.agent")
 SUPERVISE_S = 1.0  # how often the observer threads are looked at
@@ -88,7 +90,7 @@ class Agent:
             config,
             sources,
             idleness=idleness or nvml_idleness(config.deep.idle_utilization_percent),
-            on_run=self.state.put_deep_run,
+            on_run=self.after_deep_run,
             metrics=self.metrics,
             clock=clock,
         )
@@ -182,6 +184,17 @@ class Agent:
             if forgotten:
                 log.info("%s: forgot %d in-job verdicts it answered", action, forgotten)
         self.orders.after_repair(action, gpus, at)
+
+    def after_deep_run(self, run: DeepRun) -> None:
+        """A passing deep run contradicts the fail-slow verdicts written before it began:
+        they are forgotten, so an unconfirmed slowness does not hold the node for good."""
+        if run.passed:
+            began = run.finished_at - run.result.duration_s
+            root = self.sources.in_job_root()
+            forgotten = forget_verdicts(root, (), began, (VerdictKind.FAIL_SLOW,))
+            if forgotten:
+                log.info("deep check passed: forgot %d fail-slow verdicts", forgotten)
+        self.state.put_deep_run(run)
 
     def request_fresh_report(self) -> None:
         """Make the next publish write a new report timestamp (after a repair, say)."""

@@ -223,6 +223,11 @@ class Status(Wire):
         description="When a person's gpuguard.io/position-fixed mark was taken: the "
         "position's earlier episodes no longer count.",
     )
+    slow_confirmed: bool = Field(
+        default=False,
+        description="A second measurement confirmed slowness before a rung started: each "
+        "repair must then pass the deep suite before the node returns.",
+    )
     last_message: Message | None = Field(
         default=None, description="The latest step's message, for display."
     )

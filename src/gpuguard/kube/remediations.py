@@ -95,6 +95,7 @@ def episode_from_object(obj: Json) -> Episode:
         signature=status.signature,
         position_fault=status.position_fault or "",
         position_fixed_at=status.position_fixed_at,
+        slow_confirmed=status.slow_confirmed,
     )
 
 
@@ -333,6 +334,7 @@ def _status(ep: Episode) -> wire.Status:
         signature=ep.signature[:MAX_SIGNATURE],
         position_fault=ep.position_fault or None,
         position_fixed_at=ep.position_fixed_at,
+        slow_confirmed=ep.slow_confirmed,
         last_message=steps[-1].message if steps else None,
         steps=tuple(wire.Step(at=s.at, phase=s.phase, message=s.message) for s in steps),
         result=_wire_result(result) if result is not None else None,

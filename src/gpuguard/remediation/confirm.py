@@ -28,9 +28,11 @@ class Confirmation:
     confirmed: bool
     why: str = ""
     request: str | None = None
+    measured: bool = False  # confirmed by a second measurement, not needing one
 
 
 CONFIRMED = Confirmation(True)
+MEASURED = Confirmation(True, measured=True)
 MEASURING = "confirming with a second measurement (the deep suite)"
 
 
@@ -65,11 +67,20 @@ def confirmation(
         return Confirmation(False, MEASURING, request_id(now))
     slow = policy.confirm.codes
     if not answer.passed and any(code in slow for code in answer.codes):
-        return CONFIRMED
+        return MEASURED
     outcome = "passed" if answer.passed else f"found {', '.join(answer.codes) or 'nothing'}"
     why = f"not confirmed: the second measurement {outcome}; measuring again"
     due = answer.requested_at + policy.confirm.remeasure_s
     return Confirmation(False, why, request_id(now) if now >= due else None)
+
+
+def deep_verified(policy: Policy, episode: Episode) -> bool:
+    """Must the rung's repair pass the deep suite before the node returns? Where the verify
+    gate says so, and always after slowness a measurement confirmed: the suite answered on
+    this node, so it can answer again."""
+    return policy.verify.applies_to(episode.rung) or (
+        episode.slow_confirmed and episode.rung is not None and episode.rung < Action.REPLACE
+    )
 
 
 def confirm_timers(node: NodeObservation, policy: Policy) -> list[float]:

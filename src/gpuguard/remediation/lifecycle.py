@@ -17,7 +17,7 @@ from gpuguard.contract.verify import VerifyAnswer, request_id, requested_time
 from gpuguard.contract.wire import cut
 from gpuguard.model import Action
 from gpuguard.remediation.budget import BudgetLedger
-from gpuguard.remediation.confirm import confirmation
+from gpuguard.remediation.confirm import confirmation, deep_verified
 from gpuguard.remediation.correlation import SharedCauses, has_own_fault, own_faults
 from gpuguard.remediation.health import (
     deferred_repair,
@@ -194,7 +194,7 @@ class PlanBuilder:
     def quarantined(self, episode: Episode, node: NodeObservation) -> None:
         now, policy = self.now, self.policy
         healthy = is_healthy(node, policy, now)
-        if healthy and policy.verify.applies_to(episode.rung):
+        if healthy and deep_verified(policy, episode):
             self.healthy_unverified(episode, node)
         elif healthy:
             tried = episode.rung is not None
@@ -302,7 +302,7 @@ class PlanBuilder:
         done = episode.action_result.at if episode.action_result else episode.phase_since
         fresh = node.reported_at is not None and node.reported_at > done
         healthy = fresh and is_healthy(node, self.policy, self.now)
-        gated = self.policy.verify.applies_to(episode.rung)
+        gated = deep_verified(self.policy, episode)
         # The request of this phase is named after its start: another answer is stale.
         request = request_id(episode.phase_since)
         answer = _answer_to(node, request) if gated else None
@@ -421,6 +421,7 @@ class PlanBuilder:
             )
         if not confirmed.confirmed:
             self.wait(episode, node, f"{why}; {rung} waits: {confirmed.why}")
+        episode.slow_confirmed = episode.slow_confirmed or confirmed.measured
         return confirmed.confirmed
 
     def wait(self, episode: Episode, node: NodeObservation, message: str) -> None:

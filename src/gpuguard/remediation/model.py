@@ -121,6 +121,10 @@ class Episode:
     # reboot or replace there until a person marks the position fixed or the fault clears.
     position_fault: str = ""
     position_fixed_at: float | None = None  # when a person's mark was taken
+    # A second measurement confirmed slowness before a rung started: a slow GPU's repair is
+    # judged by measuring again (the deep verify), not by the finding being gone (a reset
+    # forgets a deep verdict; a slow GPU shows nothing at rest).
+    slow_confirmed: bool = False
 
     @property
     def attempt(self) -> int:

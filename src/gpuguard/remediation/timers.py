@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from gpuguard.contract.conditions import TRUE
-from gpuguard.remediation.confirm import confirm_timers
+from gpuguard.remediation.confirm import confirm_timers, deep_verified
 from gpuguard.remediation.model import Episode, NodeObservation, Phase
 from gpuguard.remediation.policy import Policy
 
@@ -45,7 +45,7 @@ def node_timers(
         timers.append(episode.phase_since + policy.action_timeout_s + PAST_S)
     elif phase is Phase.VERIFYING:
         timers.append(episode.phase_since + policy.verify_timeout_s + PAST_S)
-        if policy.verify.applies_to(episode.rung):
+        if deep_verified(policy, episode):
             timers.append(episode.phase_since + policy.verify.timeout_s + PAST_S)
     if episode.last_action_at is not None:
         timers.append(episode.last_action_at + policy.min_action_interval_s)

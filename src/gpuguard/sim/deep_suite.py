@@ -28,9 +28,16 @@ FALSE_POSITIVE_PACE = 0.75  # a noisy measurement: below both of the judge's thr
 
 
 class DeepSuite:
-    def __init__(self, engine: Engine, report: Callable[[Slot], None]) -> None:
-        """``report``: the agent's fresh report after a run (the controller then decides)."""
+    def __init__(
+        self,
+        engine: Engine,
+        report: Callable[[Slot], None],
+        passed: Callable[[Slot], None] | None = None,
+    ) -> None:
+        """``report``: the agent's fresh report after a run (the controller then decides);
+        ``passed``: what the agent forgets when a run passes (unconfirmed slowness)."""
         self.engine = engine
+        self.passed = passed
         self.config = engine.scenario.deep_checks
         self.report = report
         self.rng = np.random.default_rng([engine.scenario.seed, 3])
@@ -136,8 +143,10 @@ class DeepSuite:
             slot.deep = measured
             flagged = engine.view.deep_flagged(measured)
             engine.found_by_checks([f for f in shown if f.gpu in flagged])
+            run = engine.view.deep_run(measured)
+            if run.passed and self.passed is not None:
+                self.passed(slot)
             if stamp is not None:
-                run = engine.view.deep_run(measured)
                 self.answers[slot.index] = VerifyAnswer(stamp, run.passed, tuple(run.codes))
                 if not run.passed:
                     engine.stats.deep_runs["verify_failed"] += 1

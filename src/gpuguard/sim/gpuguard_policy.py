@@ -66,9 +66,10 @@ class GpuguardPolicy:
         self.pending: set[float] = set()
         # Each node's last projection and what it was made of (``_observation``).
         self.observed: dict[int, tuple[tuple[object, ...], NodeObservation]] = {}
-        self.deep = DeepSuite(engine, self.signals_changed)
         enabled = engine.scenario.in_job.enabled
         self.in_job = InJobPath(engine, self.signals_changed) if enabled else None
+        passed = self.in_job.contradicted if self.in_job is not None else None
+        self.deep = DeepSuite(engine, self.signals_changed, passed)
 
     # -- what the agent reports -------------------------------------------------------
 

@@ -300,6 +300,15 @@ class InJobPath:
                 del mine[key]
             slot.in_job = tuple(sorted(f for f, _, _ in mine.values()))
 
+    def contradicted(self, slot: Slot) -> None:
+        """A deep run passed on the node: as the agent does, it forgets the fail-slow
+        verdicts written before the run (slowness no second measurement confirms)."""
+        mine = self.findings.get(slot.index)
+        if mine and any(key[0] == FAIL_SLOW for key in mine):
+            for key in [key for key in mine if key[0] == FAIL_SLOW]:
+                del mine[key]
+            slot.in_job = tuple(sorted(f for f, _, _ in mine.values()))
+
     # -- false verdicts -------------------------------------------------------------------
 
     def _false_verdict_stream(self) -> None:

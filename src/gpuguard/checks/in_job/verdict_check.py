@@ -3,7 +3,9 @@
 A job's ranks time their steps and compare their parameters (``gpuguard.training``); the
 rank a verdict names writes it on its own node, into the directory this check reads. A
 verdict holds until its job withdraws it (the GPU recovered) or a repair of the GPU it
-names forgets it; a job that ends leaves it standing.
+names forgets it; a job that ends leaves it standing. A fail-slow verdict is also
+forgotten when the deep suite, started after it was written, passes: slowness a second
+measurement does not confirm is not acted on (docs/remediation.md, "Confirming slowness").
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import ClassVar
 
@@ -108,16 +110,23 @@ def finding_for(verdict: Verdict, now: float) -> Finding:
     return found
 
 
-def forget_verdicts(directory: Path | None, gpus: Iterable[str], before: float) -> int:
-    """A repair finished at ``before``: delete the verdicts it answered (those naming
-    ``gpus``, every one when ``gpus`` is empty) not refreshed since. How many."""
+def forget_verdicts(
+    directory: Path | None,
+    gpus: Iterable[str],
+    before: float,
+    kinds: Collection[VerdictKind] = tuple(VerdictKind),
+) -> int:
+    """A repair finished at ``before``, or a measurement began then: delete the verdicts
+    of ``kinds`` it answered (those naming ``gpus``, every one when ``gpus`` is empty) not
+    refreshed since. How many."""
     if directory is None or not directory.is_dir():
         return 0
     named = {gpu(bus).id for bus in gpus}
     verdicts, _ = read_verdicts(directory)
     gone = 0
     for verdict in verdicts:
-        if verdict.written_at <= before and (not named or component_of(verdict).id in named):
+        answered = not named or component_of(verdict).id in named
+        if verdict.written_at <= before and answered and verdict.kind in kinds:
             withdraw_verdict(directory, verdict.job, verdict.rank)
             gone += 1
     return gone
