@@ -271,3 +271,17 @@ def test_the_command_runs_the_path_off_and_side_by_side(capsys):
     assert "In-job detection (gpuguard run, 1 seed(s) pooled; the path is on)" in (
         capsys.readouterr().out
     )
+
+
+def test_a_replaced_machines_findings_are_never_shown_by_its_successor():
+    # A persistent slow GPU named by its clocks: the ladder replaced the machine, whose
+    # findings stay on record until one is raised on the new one. What the new machine's
+    # agent reports (after a deep run passes there, say) holds nothing of the old one's.
+    engine, _ = _one_job(4, _fault("fail_slow", 0.7, Signal.POWER_BRAKE, end_h=1000))
+    slot = engine.slots[0]
+    driver = engine.driver
+    assert isinstance(driver, GpuguardPolicy) and driver.in_job is not None
+    record = driver.in_job.findings.get(0, {})
+    assert not slot.original and any(m != slot.machine for _, _, m in record.values())
+    driver.in_job.contradicted(slot)
+    assert slot.in_job == ()

@@ -248,8 +248,14 @@ class InJobPath:
             self._publish(slot)
 
     def _publish(self, slot: Slot) -> None:
-        slot.in_job = tuple(sorted(f for f, _, _ in self.findings.get(slot.index, {}).values()))
+        self._shown(slot)
         self.report(slot)
+
+    def _shown(self, slot: Slot) -> None:
+        """What the agent reports: the findings of the machine now in the slot (a replaced
+        machine's are left in ``findings`` until the next one is raised there)."""
+        mine = self.findings.get(slot.index, {}).values()
+        slot.in_job = tuple(sorted(f for f, _, machine in mine if machine == slot.machine))
 
     def _until_checkpoint(self, slot: Slot, key: Key, job: Job) -> None:
         """The job's next checkpoint after the verdict: from then the repair need not wait."""
@@ -298,7 +304,7 @@ class InJobPath:
         if mine and any(key[0] != LOAD_CLOCK for key in mine):
             for key in [key for key in mine if key[0] != LOAD_CLOCK]:
                 del mine[key]
-            slot.in_job = tuple(sorted(f for f, _, _ in mine.values()))
+            self._shown(slot)
 
     def contradicted(self, slot: Slot) -> None:
         """A deep run passed on the node: as the agent does, it forgets the fail-slow
@@ -307,7 +313,7 @@ class InJobPath:
         if mine and any(key[0] == FAIL_SLOW for key in mine):
             for key in [key for key in mine if key[0] == FAIL_SLOW]:
                 del mine[key]
-            slot.in_job = tuple(sorted(f for f, _, _ in mine.values()))
+            self._shown(slot)
 
     # -- false verdicts -------------------------------------------------------------------
 
