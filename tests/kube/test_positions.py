@@ -36,7 +36,7 @@ from tests.support.controllers import (
     tainted,
 )
 from tests.support.controlplane import ControlPlane
-from tests.support.jobsystem import create_job, running_pod, training_job
+from tests.support.jobsystem import create_job, finished_as, running_pod, training_job
 from tests.support.karpenter import TRAIN_NAMESPACE, nodeclaims
 from tests.support.metrics import sample
 
@@ -81,17 +81,33 @@ def pod_node(pod: dict[str, Any]) -> str:
     return str(pod["spec"]["nodeName"])
 
 
+def machines_left(api: KubeApi) -> str:
+    """What holds the plane's machines ("": none left), for the message of a timeout."""
+    nodes = [n["metadata"]["name"] for n in api.list("/api/v1/nodes").items]
+    pods = [
+        f"{p['metadata']['name']}@{p['spec'].get('nodeName')}:{p['status'].get('phase')}"
+        for p in api.list(f"/api/v1/namespaces/{TRAIN_NAMESPACE}/pods").items
+    ]
+    return f"nodes {nodes}, pods {pods}" if nodes else ""
+
+
 @pytest.fixture
 def karpenter(karpenter_plane: ControlPlane) -> Iterator[KubeApi]:
-    """The Karpenter plane with none of an earlier test's Jobs, machines or episodes left:
-    a sick node left behind would be this test's controller's to replace."""
+    """The Karpenter plane with none of an earlier test's work, machines or episodes left:
+    a sick node left behind would be this test's controller's to replace. The Jobs are
+    suspended (their controller ends their pods and lets them go), then every NodeClaim
+    deleted."""
     api = load_api(karpenter_plane.admin_kubeconfig)
     jobs = f"/apis/batch/v1/namespaces/{TRAIN_NAMESPACE}/jobs"
     for job in api.list(jobs).items:
-        api.delete(f"{jobs}/{job['metadata']['name']}", {"propagationPolicy": "Background"})
+        if not finished_as(api, TRAIN_NAMESPACE, job["metadata"]["name"]):
+            api.patch(f"{jobs}/{job['metadata']['name']}", {"spec": {"suspend": True}})
     for claim in nodeclaims(api):
         api.delete(f"/apis/karpenter.sh/v1/nodeclaims/{claim['metadata']['name']}")
-    wait_for(lambda: not api.list("/api/v1/nodes").items, 120, "every machine gone")
+    try:
+        wait_for(lambda: not machines_left(api), 120, "every machine gone")
+    except AssertionError:
+        raise AssertionError(f"still there: {machines_left(api)}") from None
     for episode in api.list(NODE_REMEDIATIONS.path()).items:
         api.delete(NODE_REMEDIATIONS.path(episode["metadata"]["name"]))
     try:
