@@ -295,6 +295,7 @@ def test_operator_can_read_the_episode_history(api, start_controller):
             for e in found
             if e["regarding"]["name"] == name
             and e["reportingController"] == "gpuguard.io/controller"
+            and e["reason"] != "PositionUnknown"  # about the node's labels, not the episode
         ]
 
     mine = wait_for(events, what="the episode's Event")
