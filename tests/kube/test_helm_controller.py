@@ -79,6 +79,7 @@ CONTROLLER_USER = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER}"
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"
 REMEDIATIONS_POLICY = f"{FULLNAME}-own-remediations"
 NAMES_POLICY = f"{CONTROLLER}-names"
+NODE_STATUS_POLICY = f"{CONTROLLER}-node-status"
 NODE_A, NODE_B = "fleet-node-a", "fleet-node-b"
 AGENT_POD = f"{FULLNAME}-agent-{NODE_A}"
 WORK = "fleet-work"  # where the "training jobs" run: any namespace but the release's
@@ -502,6 +503,8 @@ def test_every_rendered_object_is_accepted_by_the_api_server(installed):
             f"ServiceAccount/{CONTROLLER}",
             f"ValidatingAdmissionPolicy/{NAMES_POLICY}",
             f"ValidatingAdmissionPolicyBinding/{NAMES_POLICY}",
+            f"ValidatingAdmissionPolicy/{NODE_STATUS_POLICY}",
+            f"ValidatingAdmissionPolicyBinding/{NODE_STATUS_POLICY}",
         ]
     )
     assert f"ValidatingAdmissionPolicy/{REMEDIATIONS_POLICY}" in installed
@@ -815,12 +818,6 @@ def test_karpenter_provider_deletes_the_nodeclaim(controller, admin_api, nodes):
         ),
         ("deleting a Node (karpenter)", "DELETE", f"/api/v1/nodes/{NODE_B}", None),
         ("creating a Node", "POST", "/api/v1/nodes", {"metadata": {"name": "fleet-x"}}),
-        (
-            "forging an agent's condition",
-            "PATCH",
-            f"/api/v1/nodes/{NODE_B}/status",
-            {"status": {"conditions": [{"type": "GpuguardGPUHealthy", "status": "True"}]}},
-        ),
         ("creating a pod", "POST", f"/api/v1/namespaces/{WORK}/pods", {"metadata": {}}),
         ("deleting every pod", "DELETE", f"/api/v1/namespaces/{WORK}/pods", None),
         ("reading a NodeClaim", "GET", f"{NODECLAIMS.path('fleet-a')}", None),
@@ -882,6 +879,27 @@ def test_controller_may_create_only_its_own_lease_and_configmap(controller_call,
         for path in (f"{configmaps}/fleet-stolen", f"{leases}/fleet-stolen"):
             with contextlib.suppress(KubeNotFound):
                 admin_api.delete(path)
+
+
+def test_controller_may_write_no_node_condition_but_its_own(controller, controller_call, nodes):
+    """RBAC grants nodes/status for GpuguardPositionHealthy; the admission policy keeps the
+    controller to that one type (never the agent's, nor the kubelet's, nor metadata)."""
+    status = f"/api/v1/nodes/{NODE_B}/status"
+    strategic = "application/strategic-merge-patch+json"
+    forged = {"status": {"conditions": [{"type": "GpuguardGPUHealthy", "status": "True"}]}}
+    wait_for(
+        lambda: denied_by_policy(
+            controller_call("PATCH", status, forged, strategic), NODE_STATUS_POLICY
+        ),
+        timeout_s=POLICY_ACTIVE_TIMEOUT_S,
+        what="the node-status policy to refuse an agent's condition",
+    )
+    relabel = {"metadata": {"labels": {"rack": "elsewhere"}}}
+    answer = controller_call("PATCH", status, relabel, strategic)
+    assert denied_by_policy(answer, NODE_STATUS_POLICY), answer
+    ours = {"type": POSITION_CONDITION, "status": "True", "reason": "PositionReturned"}
+    fleet.patch_conditions(controller, NODE_B, [ours])
+    fleet.patch_conditions(controller, NODE_B, [], remove=[POSITION_CONDITION])
 
 
 # --- the rights that depend on provider and dryRun ------------------------------------

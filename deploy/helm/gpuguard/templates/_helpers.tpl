@@ -58,6 +58,24 @@ Rendered as a CEL list literal.
 {{- end }}
 
 {{/*
+CEL: the kubelet-reported fields of a Node's status are unchanged (CEL cannot iterate an
+object's fields, so they are named one by one). For the agent's and the controller's
+status writes.
+*/}}
+{{- define "gpuguard.kubeletStatusUnchanged" -}}
+object.?status.?capacity == oldObject.?status.?capacity &&
+object.?status.?allocatable == oldObject.?status.?allocatable &&
+object.?status.?addresses == oldObject.?status.?addresses &&
+object.?status.?daemonEndpoints == oldObject.?status.?daemonEndpoints &&
+object.?status.?nodeInfo == oldObject.?status.?nodeInfo &&
+object.?status.?phase == oldObject.?status.?phase &&
+object.?status.?images == oldObject.?status.?images &&
+object.?status.?volumesInUse == oldObject.?status.?volumesInUse &&
+object.?status.?volumesAttached == oldObject.?status.?volumesAttached &&
+object.?status.?config == oldObject.?status.?config
+{{- end }}
+
+{{/*
 The controller's names and labels. Its pods get their own app.kubernetes.io/name
 ("<name>-controller"), not only another component label: the agent's DaemonSet and
 headless Service select on name+instance, and a selector that also matched the controller's
@@ -100,7 +118,7 @@ The NodeRemediation status fields the controller owns: every property of status 
 crds/noderemediations.yaml except result, the agent's (the chart test checks they agree).
 */}}
 {{- define "gpuguard.remediationControllerStatusFields" -}}
-[phase, rung, attempt, attempts, phaseSince, lastActionAt, gpus, cordonedByUs, exhausted, closedAt, resolution, machine, replacement, lastMessage, steps, request]
+[phase, rung, attempt, attempts, phaseSince, lastActionAt, gpus, cordonedByUs, exhausted, closedAt, resolution, machine, replacement, signature, positionFault, positionFixedAt, slowConfirmed, lastMessage, steps, request]
 {{- end }}
 
 {{/*
