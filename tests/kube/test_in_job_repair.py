@@ -70,8 +70,14 @@ def start(control_plane: ControlPlane, api: KubeApi, jobs: str, tmp_path: Path):
         return bundle / "in-job"
 
     def controller() -> Controller:
+        # No second measurement of slowness here (the agent runs no deep suite that could
+        # find it): confirming it is tests/kube/test_verify_gate.py's.
         started = new_controller(
-            api, jobs, provider="delete-node", drain_and_reset={"max_wait_s": 600}
+            api,
+            jobs,
+            provider="delete-node",
+            drain_and_reset={"max_wait_s": 600},
+            confirm={"enabled": False},
         )
         running.append(Running(started.run))
         return started
