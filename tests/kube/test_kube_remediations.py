@@ -68,6 +68,11 @@ def full_episode(node: str) -> Episode:
         resolution=None,
         machine="gpu/p5.48xlarge",
         replacement="gpu-replacement",  # never both in life; the round trip keeps each
+        position="rack=r1,position=u1",
+        signature=("IB_LINK_DOWN@mlx5_0/1",),
+        position_fault="position rack=r1,position=u1: gpu-old was replaced there",
+        position_fixed_at=now - 30,
+        slow_confirmed=True,
         steps=[
             Step(at=T0, phase=Phase.QUARANTINED, message="XID_79 on 0000:91:00.0: tainted"),
             Step(at=now - 62, phase=Phase.DRAINING, message="cordoned; evicting 3 pods"),
@@ -88,7 +93,11 @@ def test_episode_round_trips_exactly_through_the_api_server(api):
     remediations.save_episode(api, ep)
     obj = stored(api, ep)
     assert obj["metadata"]["name"] == f"{ep.node}-{int(T0)}"
-    assert obj["spec"] == {"nodeName": ep.node, "openedAt": "2026-11-29T19:00:00.1234567Z"}
+    assert obj["spec"] == {
+        "nodeName": ep.node,
+        "openedAt": "2026-11-29T19:00:00.1234567Z",
+        "position": "rack=r1,position=u1",
+    }
     assert remediations.episode_from_object(obj) == ep
 
     version = obj["metadata"]["resourceVersion"]
@@ -108,16 +117,26 @@ def test_episode_round_trips_exactly_through_the_api_server(api):
 
 
 def test_a_minimal_episode_round_trips_too(api):
-    ep = Episode(node=node_name(), opened_at=T0)
+    node = node_name()
+    ep = Episode(node=node, opened_at=T0, position=node)  # no position labels: its name
     remediations.save_episode(api, ep)
     assert remediations.episode_from_object(stored(api, ep)) == ep
 
 
+def test_an_episode_stored_without_a_position_reads_as_its_nodes():
+    """Objects written before positions existed: the node's name stands for it."""
+    ep = Episode(node=node_name(), opened_at=T0)
+    read = remediations.episode_from_object(remediations.episode_to_object(ep))
+    assert read.position == ep.node
+
+
 def test_list_episodes_splits_open_from_closed(api):
     node = node_name()
-    old = Episode(node=node, opened_at=T0, phase=Phase.CLOSED, closed_at=T0 + 60)
+    old = Episode(node=node, opened_at=T0, phase=Phase.CLOSED, closed_at=T0 + 60, position=node)
     old.resolution = Resolution.TRANSIENT
-    current = Episode(node=node, opened_at=T0 + 3600, phase=Phase.DRAINING, rung=Action.REBOOT)
+    current = Episode(
+        node=node, opened_at=T0 + 3600, phase=Phase.DRAINING, rung=Action.REBOOT, position=node
+    )
     for ep in (old, current):
         remediations.save_episode(api, ep)
 
