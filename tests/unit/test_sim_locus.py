@@ -8,7 +8,7 @@ at set times, so what it asserts is the fleet's doing alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -99,25 +99,36 @@ def _run(
     return engine, watcher
 
 
+class Snapshot(NamedTuple):
+    """One slot as seen at a moment of a run."""
+
+    machine: int | None
+    name: str
+    faults: dict[int, Fault]
+    signals: Any
+
+
+def _look(seen: dict[str, Snapshot], label: str, index: int) -> Callable[[Engine], None]:
+    """A step that notes slot ``index`` under ``label``."""
+
+    def step(engine: Engine) -> None:
+        slot = engine.slots[index]
+        seen[label] = Snapshot(slot.machine, slot.name, dict(slot.faults), engine.signals(slot))
+
+    return step
+
+
 def test_a_position_fault_survives_a_replacement_and_the_new_machine_shows_it_again():
     cable = _fault(0, slot=0)
-    seen: dict[str, Any] = {}
-
-    def look(label: str) -> Callable[[Engine], None]:
-        def step(engine: Engine) -> None:
-            slot = engine.slots[0]
-            seen[label] = (slot.machine, slot.name, dict(slot.faults), engine.signals(slot))
-
-        return step
-
+    seen: dict[str, Snapshot] = {}
     engine, watcher = _run(
         [cable],
         [
-            (2 * HOUR, look("before")),
+            (2 * HOUR, _look(seen, "before", 0)),
             (3 * HOUR, lambda e: e.replace(e.slots[0])),
-            (3 * HOUR + 1, look("empty")),
-            (4 * HOUR, look("refilled")),
-            (21 * HOUR, look("ended")),
+            (3 * HOUR + 1, _look(seen, "empty", 0)),
+            (4 * HOUR, _look(seen, "refilled", 0)),
+            (21 * HOUR, _look(seen, "ended", 0)),
         ],
     )
     down = ((Signal.PORT_DOWN, CABLE_PORT),)
@@ -145,26 +156,18 @@ def test_a_machine_fault_leaves_with_the_machine():
         signal=Signal.XID_48_REMAP_FAILED,
         locus=Locus.MACHINE,
     )
-    seen: dict[str, Any] = {}
-
-    def look(label: str) -> Callable[[Engine], None]:
-        def step(engine: Engine) -> None:
-            slot = engine.slots[1]
-            seen[label] = (dict(slot.faults), engine.signals(slot), slot.name)
-
-        return step
-
+    seen: dict[str, Snapshot] = {}
     engine, _ = _run(
         [dbe],
         [
-            (2 * HOUR, look("before")),
+            (2 * HOUR, _look(seen, "before", 1)),
             (3 * HOUR, lambda e: e.replace(e.slots[1])),
-            (4 * HOUR, look("refilled")),
+            (4 * HOUR, _look(seen, "refilled", 1)),
         ],
     )
-    faults, signals, name = seen["before"]
+    _, name, faults, signals = seen["before"]
     assert 0 in faults and signals.kernel and signals.checked
-    faults, signals, new_name = seen["refilled"]
+    _, new_name, faults, signals = seen["refilled"]
     assert new_name != name and faults == {}
     assert signals.kernel == () and signals.checked == ()
     assert engine.view.verdict(signals).healthy
@@ -181,35 +184,28 @@ def test_a_reboot_clears_the_machine_fault_but_not_the_position_fault():
         locus=Locus.MACHINE,
         effect=Effect.HANG,
     )
-    seen: dict[str, Any] = {}
-
-    def look(engine: Engine) -> None:
-        slot = engine.slots[0]
-        seen["after"] = (set(slot.faults), engine.signals(slot), slot.machine)
-
+    seen: dict[str, Snapshot] = {}
     _run(
         [cable, driver_bug],
-        [(3 * HOUR, lambda e: e.repair(e.slots[0], "reboot")), (4 * HOUR, look)],
+        [(3 * HOUR, lambda e: e.repair(e.slots[0], "reboot")), (4 * HOUR, _look(seen, "after", 0))],
     )
-    faults, signals, machine = seen["after"]
-    assert faults == {0} and machine == 0  # the same machine, the cable still bad
+    machine, _, faults, signals = seen["after"]
+    assert set(faults) == {0} and machine == 0  # the same machine, the cable still bad
     assert signals.kernel == () and signals.checked == ((Signal.PORT_DOWN, CABLE_PORT),)
 
 
 def test_a_person_repairs_a_bad_cable_in_place_and_leaves_the_server():
     cable = _fault(0, slot=2, fix=Fix.REPLACE)  # a cable that only a person's swap clears
-    seen: dict[str, Any] = {}
-
-    def look(engine: Engine) -> None:
-        slot = engine.slots[2]
-        seen["after"] = (dict(slot.faults), engine.signals(slot), slot.machine, slot.name)
-
+    seen: dict[str, Snapshot] = {}
     engine, _ = _run(
         [cable],
-        [(2 * HOUR, lambda e: e.request_human(e.slots[2])), (3 * HOUR + 60, look)],
+        [
+            (2 * HOUR, lambda e: e.request_human(e.slots[2])),
+            (3 * HOUR + 60, _look(seen, "after", 2)),
+        ],
         _scenario(manual_response_h=1),
     )
-    faults, signals, machine, name = seen["after"]
+    machine, name, faults, signals = seen["after"]
     assert faults == {} and signals.checked == ()
     assert machine == 2 and name == "gpu-node-00002"  # the server stayed
     actions = engine.stats.actions
@@ -219,13 +215,10 @@ def test_a_person_repairs_a_bad_cable_in_place_and_leaves_the_server():
 
 def test_a_position_fault_on_an_empty_slot_shows_once_a_machine_fills_it():
     cable = _fault(0, slot=0, start=3 * HOUR + 60)  # during the swap (5 min from a spare)
-    seen: dict[str, Any] = {}
-
-    def look(engine: Engine) -> None:
-        seen["after"] = (engine.signals(engine.slots[0]), engine.slots[0].machine)
-
-    engine, _ = _run([cable], [(3 * HOUR, lambda e: e.replace(e.slots[0])), (4 * HOUR, look)])
-    signals, machine = seen["after"]
+    seen: dict[str, Snapshot] = {}
+    steps = [(3 * HOUR, lambda e: e.replace(e.slots[0])), (4 * HOUR, _look(seen, "after", 0))]
+    engine, _ = _run([cable], steps)
+    machine, _, _, signals = seen["after"]
     assert machine is not None and signals.checked == ((Signal.PORT_DOWN, CABLE_PORT),)
     assert engine.stats.dropped_faults == 0
 
