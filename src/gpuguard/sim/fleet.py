@@ -201,8 +201,7 @@ class Fleet:
                 f
                 for f in slot.faults.values()
                 if f.fix <= level
-                and f.locus is not Locus.POSITION
-                and f.locus is not Locus.DOMAIN
+                and not _stays(f)
                 and (not gpus or f.gpu in gpus or level is Fix.REBOOT)
             ]
             if level is Fix.REBOOT:
