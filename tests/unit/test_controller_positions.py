@@ -75,11 +75,12 @@ def raw(name: str, **labels: str) -> dict:
 def test_projection_carries_the_position_and_a_persons_mark():
     node = raw("gpu-1", rack="r1", position="u1")
     node["metadata"]["annotations"]["gpuguard.io/position-fixed"] = "ticket-1"
-    observed = project_node(node, "pool", "", DEFAULT_POSITION_LABELS)
+    reading = read_position(node["metadata"]["labels"], DEFAULT_POSITION_LABELS)
+    observed = project_node(node, "pool", "", reading.position)
     assert (observed.position, observed.position_fixed) == ("rack=r1,position=u1", "ticket-1")
     node["metadata"]["annotations"]["gpuguard.io/position-fixed"] = " "
     assert project_node(node, "pool").position_fixed == "(no ticket)"
-    assert project_node(raw("gpu-2"), "pool", "", DEFAULT_POSITION_LABELS).position == ""
+    assert read_position(raw("gpu-2")["metadata"]["labels"], DEFAULT_POSITION_LABELS).position == ""
 
 
 def test_two_live_nodes_share_a_position_until_one_leaves():

@@ -347,8 +347,10 @@ class Controller:
         attended = name in self.reconciler.attention  # the old projection needed attention
         policy = self.policy
         try:
+            labels = node["metadata"].get("labels") or {}
+            reading = read_position(labels, policy.positions.labels)
             observed = project_node(
-                node, policy.pool_label, policy.correlation.domain_label, policy.positions.labels
+                node, policy.pool_label, policy.correlation.domain_label, reading.position
             )
         except Exception:  # the last good projection stands; the rest of the list goes on
             self.metrics.unreadable.labels("Node").inc()
@@ -356,10 +358,7 @@ class Controller:
             return False
         self._nodes[name], self._observed[name] = node, observed
         self.position_faults.seen(node)
-        labels = node["metadata"].get("labels") or {}
-        sharing = self.positions.put(
-            name, read_position(labels, policy.positions.labels), reporting=bool(observed.layers)
-        )
+        sharing = self.positions.put(name, reading, reporting=bool(observed.layers))
         moved = [other for other in sharing if self._share(other)]
         attended |= any(other in self.reconciler.episodes for other in moved)
         observed = self._share(name) or observed

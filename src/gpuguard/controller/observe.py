@@ -86,11 +86,12 @@ def project_node(
     node: Mapping[str, Any],
     pool_label: str,
     domain_label: str = "",
-    position_labels: Sequence[Sequence[str]] = (),
+    position: str = "",
 ) -> NodeObservation:
     """``domain_label``: the label naming the node's topology domain (a rack, a leaf
     switch) for the policy's shared-cause rule; unset or absent: the node is in none.
-    ``position_labels``: the policy's ``positions.labels`` (``read_position``)."""
+    ``position``: the node's, as ``read_position`` read it from its labels (the caller
+    keeps the reading: why a position is unknown is told, not projected)."""
     metadata = node.get("metadata", {})
     name = str(metadata.get("name", ""))
     labels = metadata.get("labels") or {}
@@ -121,7 +122,7 @@ def project_node(
                 if c.get("type") in KARPENTER_REPAIRS and c.get("status") == FALSE
             )
         ),
-        position=read_position(labels, position_labels).position,
+        position=position,
         position_fixed=_mark(annotations.get(POSITION_FIXED_ANNOTATION)),
     )
 

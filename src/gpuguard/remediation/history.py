@@ -19,7 +19,7 @@ from typing import overload
 from gpuguard.remediation.model import Episode
 
 
-def _age(episode: Episode) -> float:
+def age(episode: Episode) -> float:
     """What ages an episode out: when it closed (when it opened, if it never did)."""
     return episode.closed_at if episode.closed_at is not None else episode.opened_at
 
@@ -28,7 +28,7 @@ class History(Sequence[Episode]):
     """Closed episodes by node and by opening time; a ``Sequence`` of them in age order."""
 
     def __init__(self, episodes: Iterable[Episode] = ()) -> None:
-        self._episodes: list[Episode] = []  # by _age
+        self._episodes: list[Episode] = []  # by age
         self._by_node: dict[str, list[Episode]] = defaultdict(list)
         self._by_position: dict[str, list[Episode]] = defaultdict(list)
         self._opened: list[float] = []  # sorted
@@ -36,7 +36,7 @@ class History(Sequence[Episode]):
 
     def add(self, episodes: Iterable[Episode]) -> None:
         for episode in episodes:
-            insort(self._episodes, episode, key=_age)
+            insort(self._episodes, episode, key=age)
             self._by_node[episode.node].append(episode)
             if episode.position:
                 self._by_position[episode.position].append(episode)
@@ -44,7 +44,7 @@ class History(Sequence[Episode]):
 
     def forget_before(self, horizon: float) -> None:
         """Drop the episodes that closed (or opened, if never closed) before ``horizon``."""
-        cut = bisect_left(self._episodes, horizon, key=_age)
+        cut = bisect_left(self._episodes, horizon, key=age)
         for episode in self._episodes[:cut]:
             mine = self._by_node[episode.node]
             mine.remove(episode)

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from gpuguard.contract.conditions import FALSE
 from gpuguard.contract.times import format_time
 from gpuguard.model import Action
-from gpuguard.remediation.history import History
+from gpuguard.remediation.history import History, age
 from gpuguard.remediation.model import Episode, NodeObservation, Resolution
 from gpuguard.remediation.policy import Policy
 
@@ -75,18 +75,18 @@ def position_evidence(
     if not shows:
         return ""
     since = max(now - policy.positions.window_s, fixed_at(episode, history))
-    for earlier in sorted(_at(episode.position, history), key=_closed, reverse=True):
+    for earlier in sorted(_at(episode.position, history), key=age, reverse=True):
         if (
             earlier.node == node.name
             or earlier.resolution is not Resolution.REPLACED
-            or _closed(earlier) < since
+            or age(earlier) < since
         ):
             continue
         same = sorted(shows.intersection(earlier.signature))
         if same:
             return (
                 f"position {episode.position}: {earlier.node} was replaced there"
-                f" {format_time(_closed(earlier))} for {', '.join(same)}, and {node.name}"
+                f" {format_time(age(earlier))} for {', '.join(same)}, and {node.name}"
                 " shows it again: the fault stays with the position (a cable, an optic, a"
                 " switch port)"
             )
@@ -119,7 +119,3 @@ def sharing(node: NodeObservation) -> str:
         return ""
     others = ", ".join(node.position_shared_with)
     return f"position {node.position} is claimed by {node.name} and {others}"
-
-
-def _closed(episode: Episode) -> float:
-    return episode.closed_at if episode.closed_at is not None else episode.opened_at

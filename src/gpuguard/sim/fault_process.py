@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpuguard.sim.accounting import FaultTimes, HiddenTimes
 from gpuguard.sim.agent_view import CHECKED_SIGNALS, NodeSignals, is_application_line, kernel_line
-from gpuguard.sim.faults import HIDDEN_CLASSES, Effect, Fault, Fix, Locus
+from gpuguard.sim.faults import HIDDEN_CLASSES, Effect, Fault, Fix
 from gpuguard.sim.fleet import Slot
 
 if TYPE_CHECKING:
@@ -37,8 +37,7 @@ class FaultProcess:
         slot = self._slots[fault.slot]
         # A cable or a switch fails whether or not a machine is running in the slot; it
         # shows once one is (``show_again``).
-        of_the_machine = fault.locus is not Locus.POSITION and fault.locus is not Locus.DOMAIN
-        if of_the_machine and (slot.machine is None or slot.down):
+        if not fault.stays_with_slot and (slot.machine is None or slot.down):
             self._stats.dropped_faults += 1  # no machine running there to fail
             return
         if fault.lemon and not slot.original:

@@ -151,6 +151,12 @@ class Fault:
     locus: Locus = Locus.MACHINE  # what a replacement takes away (MACHINE) or leaves
 
     @property
+    def stays_with_slot(self) -> bool:
+        """The position's or its domain's (a cable, a switch): no reset, reboot or new
+        machine clears it, and it fails whether or not a machine runs in the slot."""
+        return self.locus is Locus.POSITION or self.locus is Locus.DOMAIN
+
+    @property
     def disables(self) -> bool:
         """The node is out of service while this fault lasts."""
         return self.effect not in (Effect.SLOW, Effect.NONE)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpuguard.sim.agent_view import DeepFinding
-from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix, Locus
+from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix
 from gpuguard.sim.in_job_findings import InJobFinding
 from gpuguard.sim.jobs import Job
 from gpuguard.sli import in_service
@@ -201,7 +201,7 @@ class Fleet:
                 f
                 for f in slot.faults.values()
                 if f.fix <= level
-                and not _stays(f)
+                and not f.stays_with_slot
                 and (not gpus or f.gpu in gpus or level is Fix.REBOOT)
             ]
             if level is Fix.REBOOT:
@@ -230,14 +230,14 @@ class Fleet:
             self._stats.replaced_at[slot.index].append(now)
         self._world.scheduler.interrupt_job(slot, cause="platform")
         books.account(now)
-        gone = [f for f in slot.faults.values() if not _stays(f)]
+        gone = [f for f in slot.faults.values() if not f.stays_with_slot]
         self._stats.removed(gone, now)
         slot.machine = None
         slot.testing = False
         slot.test_ends = now
         slot.deep = ()
         slot.in_job = ()
-        slot.faults = {i: f for i, f in slot.faults.items() if _stays(f)}
+        slot.faults = {i: f for i, f in slot.faults.items() if f.stays_with_slot}
         slot.kernel.clear()
         slot.checked.clear()
         slot.notready = any(f.effect is Effect.DOWN for f in slot.faults.values())
@@ -303,7 +303,7 @@ class Fleet:
             return
         # A person repairs what needs a hand where it is: a cable, an optic, a port (a fault
         # of the position that does not end by itself) is swapped in place, the server left.
-        fixed = [f for f in slot.faults.values() if _stays(f) and f.fix is not Fix.SELF]
+        fixed = [f for f in slot.faults.values() if f.stays_with_slot and f.fix is not Fix.SELF]
         if fixed:
             self._stats.actions["manual_position_repair"] += 1
             self._stats.detected(fixed, self._events.now)
@@ -315,7 +315,7 @@ class Fleet:
         persistent = [
             f
             for f in slot.faults.values()
-            if f.fix in (Fix.RESET, Fix.REBOOT, Fix.REPLACE) and not _stays(f)
+            if f.fix in (Fix.RESET, Fix.REBOOT, Fix.REPLACE) and not f.stays_with_slot
         ]
         if not persistent:
             if slot.gpu_withdrawn:  # nothing wrong now: a reboot gives the GPU back
@@ -326,8 +326,3 @@ class Fleet:
             self.repair(slot, "reboot", manual=True)
         else:
             self.replace(slot, manual=True)
-
-
-def _stays(fault: Fault) -> bool:
-    """The fault is the position's or its domain's: it stays when the machine leaves."""
-    return fault.locus is Locus.POSITION or fault.locus is Locus.DOMAIN

@@ -86,14 +86,8 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             lambda r: f"{r.actions.get('manual_reboot', 0)} / {r.actions.get('manual_replace', 0)}",
         ),
         ("breaker trips", lambda r: str(r.breaker_trips)),
-        (
-            "automatic replacements / machine faults (need new hardware)",
-            lambda r: _locus_cell(r),
-        ),
-        (
-            "  replacements per machine fault; most per position in 7 d",
-            lambda r: _locus_ratio(r),
-        ),
+        ("automatic replacements / machine faults (need new hardware)", _locus_cell),
+        ("  replacements per machine fault; most per position in 7 d", _locus_ratio),
     ]
 
 
@@ -141,18 +135,10 @@ def _locus_lines(simulation: Simulation) -> list[str]:
         digits = {"false_drains_per_node_day": 5, "replacements_per_machine_fault": 3}.get(
             metric, 1
         )
-        rows.append((metric.replace("_", " "), [_plain(over[n][metric], digits) for n in names]))
+        cells = [_interval(over[n][metric], 1.0, digits) for n in names]
+        rows.append((metric.replace("_", " "), cells))
     title = "Replacements and where faults live, over the seeds: mean [95 % interval]"
     return [title, *_grid(rows)]
-
-
-def _plain(interval: Interval | None, digits: int) -> str:
-    if interval is None:
-        return "-"
-    mean = f"{interval.mean:.{digits}f}"
-    if not math.isfinite(interval.low):
-        return mean
-    return f"{mean} [{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
 
 
 def _size_cell(label: str) -> Callable[[PolicyResult], str]:
@@ -181,11 +167,16 @@ def _lost(result: PolicyResult) -> float:
 
 
 def _cell(interval: Interval | None, metric: str) -> str:
-    if interval is None:
-        return "-"
     scale, digits = (1.0, 2) if metric == "mttr_hours" else (100.0, 3)
     if metric.startswith(("ettr", "goodput")):
         scale, digits = 1.0, 4
+    return _interval(interval, scale, digits)
+
+
+def _interval(interval: Interval | None, scale: float, digits: int) -> str:
+    """``mean [low, high]`` (the mean alone without an interval; "-" without a figure)."""
+    if interval is None:
+        return "-"
     mean = f"{scale * interval.mean:.{digits}f}"
     if not math.isfinite(interval.low):
         return mean
