@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from gpuguard.contract.verify import request_id, requested_time
 from gpuguard.model import Action
+from gpuguard.remediation.crash_memory import CRASHES_ACROSS_JOBS
 from gpuguard.remediation.health import false_layers
 from gpuguard.remediation.model import Episode, NodeObservation
 from gpuguard.remediation.policy import Policy
@@ -37,10 +38,12 @@ MEASURING = "confirming with a second measurement (the deep suite)"
 
 
 def slow_only(node: NodeObservation, policy: Policy) -> bool:
-    """Is every code of the False layers a slowness code (``confirm.codes``)?"""
+    """Is every code of the False layers one measurement that needs a second: slowness
+    (``confirm.codes``), or a first suspicion of crash memory (crashes of other jobs,
+    indirect as a slow step time is)?"""
     codes = [code for layer in false_layers(node) for code in layer.codes]
-    slow = policy.confirm.codes
-    return bool(codes) and all(code in slow for code in codes)
+    indirect = {*policy.confirm.codes, CRASHES_ACROSS_JOBS}
+    return bool(codes) and all(code in indirect for code in codes)
 
 
 def confirmation(

@@ -250,6 +250,35 @@ class Confirm(_Strict):
         return value
 
 
+DAY_S = 24 * 3600.0
+
+
+class Crashes(_Strict):
+    """Crash memory (docs/remediation.md, "Crashes no check explains"): pods of different
+    jobs that keep crashing on one node, with no finding and no other cause, point at the
+    node. Counted across jobs, since one job's own bug crashes it wherever it runs.
+
+    Three distinct jobs in a day: at Meta's rate of interruptions with no attributed
+    cause (6.5 per 1,000 node-days, Kokolis et al., HPCA 2025), three of them on one
+    healthy node within a day happen about 5e-8 times per node-day (a Poisson tail, with
+    every such crash assumed to hit a different job), two about 2e-5: a thousand nodes
+    would then see a false suspicion every seven weeks. Kokolis et al. name the count of
+    distinct jobs that excluded a node (``excl_jobid_count``) among their best lemon
+    signals.
+    """
+
+    enabled: bool = Field(default=True, description="Suspect nodes whose pods keep crashing")
+    jobs: int = Field(
+        default=3,
+        ge=2,
+        description="Distinct jobs whose pods crashed on the node, unexplained, within"
+        " window_s: the node is suspect (quarantined and deep-checked)",
+    )
+    window_s: Seconds = Field(
+        default=DAY_S, gt=0, description="How long an unexplained crash is remembered"
+    )
+
+
 class Policy(_Strict):
     """Everything ``decide`` is told besides the fleet's state and the time."""
 
@@ -316,6 +345,7 @@ class Policy(_Strict):
     drain_and_reset: DrainAndReset = DrainAndReset()
     positions: Positions = Positions()
     confirm: Confirm = Confirm()
+    crashes: Crashes = Crashes()
 
     @field_validator("tolerances", mode="after")
     @classmethod
@@ -390,6 +420,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "drain_and_reset": DrainAndReset,
     "positions": Positions,
     "confirm": Confirm,
+    "crashes": Crashes,
 }
 
 
