@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpuguard.contract.gpu_ids import gpus_in_common
 from gpuguard.contract.keys import GPU_IDS_ANNOTATION
 from gpuguard.contract.times import format_time
 from gpuguard.kube.rest import (
@@ -41,7 +42,6 @@ KILL_REASON = "DeletionByGpuguard"
 EVICTION_TIMEOUT_S = 30.0
 _GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-.+)$")
 EVICTION_PARALLELISM = 8
-_PCI_BUS_ID = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 
 
 class EvictionOutcome(StrEnum):
@@ -102,13 +102,11 @@ def is_on_gpus(pod: Json, gpus: Collection[str]) -> bool:
     cannot tell, so any pod requesting GPUs counts: moving one pod too many costs a restart,
     one too few resets a GPU under a running job.
     """
-    wanted = {_normal_gpu_id(gpu) for gpu in gpus}
     annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(GPU_IDS_ANNOTATION)
     if annotation is not None:
-        held = {_normal_gpu_id(gpu) for gpu in annotation.split(",") if gpu.strip()}
-        comparable = {gpu for gpu in held if _id_kind(gpu) in {_id_kind(w) for w in wanted}}
-        if comparable:
-            return bool(comparable & wanted)
+        common = gpus_in_common(annotation.split(","), gpus)
+        if common is not None:
+            return bool(common)
     return requests_gpus(pod)
 
 
@@ -275,17 +273,3 @@ def _is_gone(api: KubeApi, pod: Json) -> bool:
 def _pod_ref(pod: Json) -> str:
     metadata = pod.get("metadata") or {}
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
-
-
-def _normal_gpu_id(gpu: str) -> str:
-    """``00000000:91:00.0`` (nvidia-smi) and ``0000:91:00.0`` (sysfs) name one GPU."""
-    text = gpu.strip().lower()
-    match = _PCI_BUS_ID.match(text)
-    if match is None:
-        return text
-    domain, bus, device, function = match.groups()
-    return f"{int(domain or '0', 16):04x}:{bus}:{device}.{function}"
-
-
-def _id_kind(gpu: str) -> str:
-    return "pci" if _PCI_BUS_ID.match(gpu) else "uuid"
