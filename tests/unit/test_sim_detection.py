@@ -40,6 +40,7 @@ def _scenario(
     data["fleet"]["nodes"] = 64
     # A new fleet: at these rates a year in service would leave two hidden faults per node.
     data["fleet"]["age_days"] = 0
+    data["fleet"]["spares_per_pool"] = 0  # every policy places the jobs alike
     data["jobs"]["mix"] = [
         {"nodes": 1, "share": 0.5, "hours": [2, 24]},
         {"nodes": 8, "share": 0.5, "hours": [12, 72]},

@@ -41,7 +41,10 @@ class Watcher:
     """A driver that decides nothing and notes what the agent showed, by Node name."""
 
     name = "watcher"
-    job_aware = False
+    warm_spares = False
+
+    def charges(self, job: object, cause: str, fault: object) -> bool:
+        return True
 
     def attach(self, engine: Engine) -> None:
         self.engine = engine

@@ -38,6 +38,11 @@ class Stats:
     dropped_faults: int = 0
     decide_calls: int = 0
     false_verdicts: int = 0  # in-job verdicts naming a healthy GPU
+    # Fault interruptions of jobs as the attribution judged them (``sim/attribution.py``).
+    attribution: Counter[str] = field(default_factory=Counter)
+    suspicions: int = 0  # crash memory's suspicions
+    false_suspicions: int = 0  # of them, on a machine with nothing wrong
+    spares_taken: int = 0  # warm spares an interrupted job took
     fault_times: dict[int, FaultTimes] = field(default_factory=dict)
     hidden: dict[int, HiddenTimes] = field(default_factory=dict)
     deep_runs: Counter[str] = field(default_factory=Counter)  # by trigger

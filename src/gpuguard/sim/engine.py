@@ -31,9 +31,13 @@ class Driver(Protocol):
     """A remediation system (or none) reacting to what the fleet shows."""
 
     name: str
-    job_aware: bool  # its own kills and evictions do not use up a job's retries
+    warm_spares: bool  # keeps the scenario's default spare pool (``fleet.spares_per_pool``)
 
     def attach(self, engine: Engine) -> None: ...
+    def charges(self, job: Job, cause: str, fault: Fault | None) -> bool:
+        """Does this interruption use up one of the job's retries (podFailurePolicy)?"""
+        ...
+
     def signals_changed(self, slot: Slot) -> None: ...
     def node_replaced(self, slot: Slot) -> None: ...
     def action_done(self, slot: Slot, what: str, succeeded: bool) -> None: ...
@@ -68,6 +72,9 @@ class Engine:
         # it keeps a reference to already built (the scheduler takes the fleet's free set).
         self.fleet = Fleet(self, seed=seed)
         self.slots = self.fleet.slots
+        for fault in faults:
+            if fault.of_silent_machine:
+                self.slots[fault.slot].silent = True
         self.fault_process = FaultProcess(self)
         self.scheduler = Scheduler(self)
         for slot in self.slots:

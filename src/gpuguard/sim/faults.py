@@ -157,6 +157,12 @@ class Fault:
         return self.locus is Locus.POSITION or self.locus is Locus.DOMAIN
 
     @property
+    def of_silent_machine(self) -> bool:
+        """A crash of a bad machine that shows nothing on the node (``silent_machine_share``):
+        it stops once the machine is replaced."""
+        return self.cls == "unattributed" and self.lemon
+
+    @property
     def disables(self) -> bool:
         """The node is out of service while this fault lasts."""
         return self.effect not in (Effect.SLOW, Effect.NONE)
@@ -213,7 +219,19 @@ def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]
         draw(cls, rate, everyone, lemon=False)
         draw(cls, rate * (failures.lemon_multiplier - 1.0), lemons, lemon=True)
     draw("fail_slow", failures.fail_slow_per_1000_node_days / 1000.0, everyone, False)
-    draw("unattributed", failures.unattributed_per_1000_node_days / 1000.0, everyone, False)
+    # A share of the interruptions no node signal explains comes from a few bad machines
+    # (a lemon no check sees), at the rest of the rate spread over the fleet. Drawn only
+    # when there are such interruptions, so the other scenarios' streams stay as they were.
+    unattributed = failures.unattributed_per_1000_node_days / 1000.0
+    silent = np.arange(0)
+    if unattributed > 0:
+        silent = rng.permutation(slots)[: round(failures.silent_machine_share * slots)]
+    if len(silent) == 0:
+        draw("unattributed", unattributed, everyone, False)
+    else:
+        on_silent = unattributed * failures.unattributed_machine_share
+        draw("unattributed", unattributed - on_silent, everyone, False)
+        draw("unattributed", on_silent * slots / len(silent), silent, lemon=True)
     draw("benign", failures.benign_signals_per_node_day, everyone, False)
     racks = _racks(slots, fleet.nodes_per_rack)
     fabric = failures.classes.fabric
@@ -248,7 +266,7 @@ def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]
                     lemon=lemon,
                     check_phase=phase,
                     group=group if cls == "fabric" else -1,
-                    locus=LOCI[cls],
+                    locus=Locus.MACHINE if cls == "unattributed" and lemon else LOCI[cls],
                 )
             )
     faults.extend(_present_at_start(scenario, rng, first_id=len(faults)))

@@ -32,6 +32,7 @@ class Slot:
     machine: int | None
     generation: int = 0
     original: bool = True  # still the first machine (a lemon's extra faults apply to it)
+    silent: bool = False  # the machine crashes jobs with no node signal (a hidden lemon)
     faults: dict[int, Fault] = field(default_factory=dict)
     kernel: list[tuple[int, str, float, bool]] = field(default_factory=list)
     checked: dict[int, tuple[Any, int]] = field(default_factory=dict)
@@ -62,6 +63,7 @@ class Slot:
         self.machine = machine
         self.generation += 1
         self.original = False
+        self.silent = False
         self.name = _node_name(self.index, self.generation)
 
     def speed(self) -> float:

@@ -16,6 +16,7 @@ from collections.abc import Collection
 
 from gpuguard.contract.report import LayerReport
 from gpuguard.model import Action
+from gpuguard.remediation.crash_memory import Suspicion
 from gpuguard.remediation.model import (
     ActionResult,
     DecisionKind,
@@ -26,10 +27,12 @@ from gpuguard.remediation.model import (
 from gpuguard.remediation.policy import Policy
 from gpuguard.remediation.reconciler import Reconciler
 from gpuguard.sim.agent_view import Verdict
+from gpuguard.sim.attribution import JobAttribution
 from gpuguard.sim.deep_suite import DeepSuite
 from gpuguard.sim.engine import Engine, Slot
-from gpuguard.sim.faults import GPU_BUS
+from gpuguard.sim.faults import GPU_BUS, Fault
 from gpuguard.sim.in_job import InJobPath
+from gpuguard.sim.jobs import Job
 
 K = DecisionKind
 _GPU_INDEX = {f"0000:{bus}:00.0": index for index, bus in enumerate(GPU_BUS)}
@@ -37,7 +40,7 @@ _GPU_INDEX = {f"0000:{bus}:00.0": index for index, bus in enumerate(GPU_BUS)}
 
 class GpuguardPolicy:
     name = "gpuguard"
-    job_aware = True  # DisruptionTarget + podFailurePolicy: our kills cost no retry
+    warm_spares = True
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -70,6 +73,26 @@ class GpuguardPolicy:
         self.in_job = InJobPath(engine, self.signals_changed) if enabled else None
         passed = self.in_job.contradicted if self.in_job is not None else None
         self.deep = DeepSuite(engine, self.signals_changed, passed)
+        self.attribution = JobAttribution(engine, self.policy, self._suspected)
+
+    # -- the jobs' interruptions ------------------------------------------------------
+
+    def charges(self, job: Job, cause: str, fault: Fault | None) -> bool:
+        """Our kills and evictions (DisruptionTarget) and what the attribution marks in
+        time cost no retry: the Jobs' ``podFailurePolicy`` ignores them."""
+        return self.attribution.charges(job, cause, fault)
+
+    def _suspected(self, slot: Slot, suspicion: Suspicion) -> None:
+        """Crash memory suspects the node: its observation gains the ``crashes`` layer,
+        and loses it when the suspicion lapses."""
+        lapse = suspicion.at + self.policy.crashes.window_s
+        self.engine.at(lapse, self._crash_layer_changed, slot, slot.name)
+        self._crash_layer_changed(slot, slot.name)
+
+    def _crash_layer_changed(self, slot: Slot, name: str) -> None:
+        if slot.name == name and slot.machine is not None:
+            self._mark(slot)
+            self._decide_at(self.engine.now)
 
     # -- what the agent reports -------------------------------------------------------
 
@@ -189,11 +212,14 @@ class GpuguardPolicy:
             slot.job is not None,
             self.deep.requests.get(index),
             self.deep.answers.get(index),
+            self.attribution.layer(slot, now),
         )
         known = self.observed.get(index)
         if known is not None and known[0] == inputs:
             return known[1]
-        name, layers, reported, tainted, cordoned, ours, _, busy, request, answer = inputs
+        name, layers, reported, tainted, cordoned, ours, _, busy, request, answer, crash = inputs
+        if crash is not None:
+            layers = {**layers, crash[0]: crash[1]}
         observation = NodeObservation(
             name=name,
             pool=slot.pool,
@@ -270,6 +296,7 @@ class GpuguardPolicy:
                 decision.node, opened, "replace", decision.attempt
             ):
                 self._count_false_drain(slot, opened)
+                self.attribution.forget(slot.name)
                 engine.replace(slot)
 
     def _first(self, node: str, opened: float, what: str, attempt: int) -> bool:

@@ -12,6 +12,9 @@
   drains and reboots the node; the condition clears with the new boot. It reads no GPU
   facts and no RDMA ports, runs no deep or load checks, and its drains cost the jobs a
   retry (no job-aware recovery).
+- ``reactive-pfp``: ``reactive`` as a careful operator runs it, with the Jobs'
+  ``podFailurePolicy`` ignoring pods with ``DisruptionTarget`` (which Kubernetes sets on an
+  eviction): its own drains cost no retry; every crash still does.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from collections import defaultdict
 
 from gpuguard.checks.kernel_log.messages import parse_line
 from gpuguard.sim.engine import Engine, Slot
-from gpuguard.sim.faults import DAY
+from gpuguard.sim.faults import DAY, Fault
+from gpuguard.sim.jobs import Job
 
 REPEAT_WINDOW_S = 7 * DAY  # a second drain within this window gets a person's attention
 # NVIDIA k8s-device-plugin, internal/rm/health.go (getDisabledHealthCheckXids): the
@@ -42,7 +46,11 @@ def _marks(line: str) -> bool:
 
 class NoPolicy:
     name = "none"
-    job_aware = False
+    warm_spares = False
+
+    def charges(self, job: Job, cause: str, fault: Fault | None) -> bool:
+        """Every interruption uses up a retry (a Job's default backoffLimit)."""
+        return True
 
     def attach(self, engine: Engine) -> None:
         self.engine = engine
@@ -64,7 +72,16 @@ class NoPolicy:
 
 class ReactivePolicy:
     name = "reactive"
-    job_aware = False
+    warm_spares = False
+
+    def __init__(self, pod_failure_policy: bool = False) -> None:
+        self.pod_failure_policy = pod_failure_policy
+        if pod_failure_policy:
+            self.name = "reactive-pfp"
+
+    def charges(self, job: Job, cause: str, fault: Fault | None) -> bool:
+        """With ``podFailurePolicy`` on ``DisruptionTarget`` its own drains are not counted."""
+        return not (self.pod_failure_policy and cause == "platform")
 
     def attach(self, engine: Engine) -> None:
         self.engine = engine

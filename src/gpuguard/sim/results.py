@@ -101,6 +101,11 @@ class PolicyResult:
     # Node-hours from each disabling fault's start to back in service (or the run's end).
     repair_node_hours_by_class: dict[str, float]
     false_verdicts_per_node_day: float = 0.0  # in-job verdicts naming a healthy GPU
+    # Fault interruptions as the attribution judged them (gpuguard), and crash memory.
+    attribution: dict[str, int] = field(default_factory=dict)
+    crash_suspicions_per_node_day: float = 0.0
+    false_suspicions_per_node_day: float = 0.0
+    spares_taken: int = 0  # warm spares interrupted jobs took
     locus: LocusFigures | None = None  # replacements against the faults they are for
 
     def to_dict(self) -> dict[str, object]:
@@ -133,6 +138,10 @@ class PolicyResult:
             "repair_node_hours_by_class": self.repair_node_hours_by_class,
             "in_job_false_verdicts_per_node_day": self.false_verdicts_per_node_day,
             "locus": self.locus.to_dict() if self.locus is not None else None,
+            "attribution": self.attribution,
+            "crash_suspicions_per_node_day": self.crash_suspicions_per_node_day,
+            "false_suspicions_per_node_day": self.false_suspicions_per_node_day,
+            "spares_taken": self.spares_taken,
         }
 
 
@@ -338,6 +347,10 @@ def summarise(engine: Engine) -> PolicyResult:
         deep_runs=dict(sorted(stats.deep_runs.items())),
         repair_node_hours_by_class=_repair_by_class(engine),
         false_verdicts_per_node_day=stats.false_verdicts / (nodes * scenario.days),
+        attribution=dict(sorted(stats.attribution.items())),
+        crash_suspicions_per_node_day=stats.suspicions / (nodes * scenario.days),
+        false_suspicions_per_node_day=stats.false_suspicions / (nodes * scenario.days),
+        spares_taken=stats.spares_taken,
         locus=LocusFigures(
             replacements=stats.actions["replace"],
             machine_faults=stats.machine_faults,

@@ -25,6 +25,8 @@ from gpuguard.sim.trace import Trace
 POLICIES = ("none", "reactive", "gpuguard")
 # gpuguard on the same failures and jobs with the in-job path off: what the path gains.
 WITHOUT_IN_JOB = "gpuguard-no-in-job"
+# reactive with the Jobs' podFailurePolicy on DisruptionTarget: its drains cost no retry.
+REACTIVE_PFP = "reactive-pfp"
 
 
 @dataclass
@@ -152,11 +154,11 @@ def _without_cycle_collector() -> Iterator[None]:
 def _driver(name: str, policy: Policy) -> Driver:
     if name == "none":
         return NoPolicy()
-    if name == "reactive":
-        return ReactivePolicy()
+    if name in ("reactive", REACTIVE_PFP):
+        return ReactivePolicy(pod_failure_policy=name == REACTIVE_PFP)
     if name in ("gpuguard", WITHOUT_IN_JOB):
         driver = GpuguardPolicy(policy)
         driver.name = name
         return driver
-    known = ", ".join((*POLICIES, WITHOUT_IN_JOB))
+    known = ", ".join((*POLICIES, WITHOUT_IN_JOB, REACTIVE_PFP))
     raise ValueError(f"unknown policy {name!r} (policies: {known})")

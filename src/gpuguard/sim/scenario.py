@@ -29,6 +29,8 @@ _REPLICAS = ReplicaCheck()
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 Share = Annotated[float, Field(ge=0, le=1)]
+# Warm spares per pool of the gpuguard run unless the scenario sets ``fleet.spares_per_pool``.
+GPUGUARD_SPARES_PER_POOL = 2
 
 
 class _Strict(BaseModel):
@@ -51,6 +53,21 @@ class Fleet(_Strict):
         default=365.0,
         description="Days the fleet has been in service: the hidden faults it carries at t=0",
     )
+    spares_per_pool: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Idle nodes per pool held for interrupted jobs (placeholder pods); null: the"
+            " gpuguard run keeps GPUGUARD_SPARES_PER_POOL, the baselines none"
+        ),
+    )
+
+    def warm_spares(self, gpuguard: bool) -> int:
+        """Nodes of the fleet held idle for interrupted jobs in this run."""
+        per_pool = self.spares_per_pool
+        if per_pool is None:
+            per_pool = GPUGUARD_SPARES_PER_POOL if gpuguard else 0
+        return per_pool * self.pools
 
 
 class Fix(_Strict):
@@ -122,6 +139,13 @@ class Failures(_Strict):
     unattributed_per_1000_node_days: NonNegative = Field(
         default=0.0,
         description="Job interruptions with no node signal (software, mounts, NCCL timeouts)",
+    )
+    silent_machine_share: Share = Field(
+        default=0.01, description="Share of machines that crash jobs with no node signal"
+    )
+    unattributed_machine_share: Share = Field(
+        default=0.25,
+        description="Share of the unattributed interruptions that come from those machines",
     )
     benign_signals_per_node_day: NonNegative = Field(
         default=0.013, description="Signals an aggressive rule takes for a fault"
@@ -251,6 +275,25 @@ class InJob(_Strict):
         return self
 
 
+class Attribution(_Strict):
+    """How well the gpuguard run's attribution of job interruptions works (the real
+    ``remediation.attribution`` decides the channel; these say how often it is in time)."""
+
+    coverage: Share = Field(
+        default=0.95,
+        description="Share of interruptions attributed to the infrastructure that are marked"
+        " before the Job controller counts them",
+    )
+    error_rate: Share = Field(
+        default=0.02, description="Share of a job's own failures wrongly attributed"
+    )
+    signature_share: Share = Field(
+        default=0.3,
+        description="Share of interruptions with no node signal whose termination message"
+        " carries a known NCCL or CUDA signature",
+    )
+
+
 class Actions(_Strict):
     drain_min: NonNegative = 1.5
     gpu_reset_s: Positive = 70.0
@@ -311,6 +354,7 @@ class Scenario(_Strict):
     detection: Detection = Detection()
     deep_checks: DeepChecks = DeepChecks()
     in_job: InJob = InJob()
+    attribution: Attribution = Attribution()
     actions: Actions = Actions()
     jobs: Jobs = Jobs()
     gpuguard_policy: dict[str, Any] = Field(
@@ -351,6 +395,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "detection": Detection,
     "deep_checks": DeepChecks,
     "in_job": InJob,
+    "attribution": Attribution,
     "actions": Actions,
     "jobs": Jobs,
 }

@@ -45,6 +45,10 @@ class Scheduler:
         self.waiting: list[Job] = []  # interrupted, restart first
         self.queued: list[Job] = []
         self.smallest_job = min(size.nodes for size in scenario.jobs.mix)
+        # Warm spares: idle nodes no new job may take (placeholder pods hold them), kept for
+        # an interrupted job. One taken is back after the provider's launch time.
+        self.spares_ready = scenario.fleet.warm_spares(world.driver.warm_spares)
+        self._launch_s = scenario.fleet.new_capacity_h * HOUR
         self.speed_factor = effective_speed(scenario.jobs)
         self._scheduling = False
         # (fault, job) -> the owners' trace, when the job first computed there, its work then
@@ -71,16 +75,30 @@ class Scheduler:
         # jobs behind it; first-fit lets any job that fits take the nodes.
         held = sum(self._requeueing.values())
         for line in (self.waiting, self.queued):
+            kept = self.spares_ready if line is self.queued else 0
             index = 0
-            while index < len(line) and len(free) - held >= self.smallest_job:
+            while index < len(line) and len(free) - held - kept >= self.smallest_job:
                 job = line[index]
-                if job.nodes <= len(free) - held:
+                if job.nodes <= len(free) - held - kept:
                     del line[index]
                     self._place(job)
+                    if line is self.waiting:
+                        self._take_spares(len(free) - held)
                 else:
                     if self._gang and line is self.waiting:
                         held += job.nodes
                     index += 1
+
+    def _take_spares(self, left: int) -> None:
+        """An interrupted job left ``left`` nodes free: the spares below that were its."""
+        taken = min(self.spares_ready, self.spares_ready - left)
+        if taken > 0:
+            self.spares_ready -= taken
+            self._stats.spares_taken += taken
+            self._events.at(self._events.now + self._launch_s, self._spares_back, taken)
+
+    def _spares_back(self, count: int) -> None:
+        self.spares_ready += count
 
     def _place(self, job: Job) -> None:
         now = self._events.now
@@ -282,6 +300,7 @@ class Scheduler:
         job.interruptions += 1
         if fault is not None and fault.cls in ATTRIBUTED:
             job.attributed_interruptions += 1
+        charged = self._driver.charges(job, cause, fault)
         self._cancel_timers(job)
         slots = [self._slots[i] for i in job.slots]
         self._release(job)
@@ -290,7 +309,7 @@ class Scheduler:
             ended = [f for f in slot.faults.values() if f.fix is Fix.RESTART]
             if ended:
                 faults.remove(slot, ended)
-        if cause != "platform" or not self._driver.job_aware:
+        if charged:
             job.retries += 1
         if job.retries > self._jobs.retry_budget:
             self._fail(job, "retry budget exhausted")
