@@ -32,6 +32,7 @@ from gpuguard.contract.conditions import POSITION_CONDITION
 from gpuguard.contract.keys import (
     BREAKER_CONFIGMAP,
     BREAKER_RESET_ANNOTATION,
+    INFRASTRUCTURE_FAILURE_CONDITION,
     POSITION_FIXED_ANNOTATION,
 )
 from gpuguard.controller.breaker_store import BreakerStore
@@ -80,6 +81,7 @@ AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"
 REMEDIATIONS_POLICY = f"{FULLNAME}-own-remediations"
 NAMES_POLICY = f"{CONTROLLER}-names"
 NODE_STATUS_POLICY = f"{CONTROLLER}-node-status"
+POD_ATTRIBUTION_POLICY = f"{CONTROLLER}-pod-attribution"
 NODE_A, NODE_B = "fleet-node-a", "fleet-node-b"
 AGENT_POD = f"{FULLNAME}-agent-{NODE_A}"
 WORK = "fleet-work"  # where the "training jobs" run: any namespace but the release's
@@ -338,6 +340,8 @@ def test_controller_cluster_role_follows_provider_and_dry_run(helm, values):
         | ({"delete"} if acting and delete_node else set()),
         "/pods": {"get", "list", "watch"} | ({"delete"} if acting else set()),
         "batch/jobs": {"list", "watch"},
+        # Events about a judged pod go in the pod's namespace (events.k8s.io requires it).
+        "events.k8s.io/events": {"create"},
         **NODEREMEDIATION_RIGHTS,
     }
     if acting:
@@ -505,6 +509,8 @@ def test_every_rendered_object_is_accepted_by_the_api_server(installed):
             f"ValidatingAdmissionPolicyBinding/{NAMES_POLICY}",
             f"ValidatingAdmissionPolicy/{NODE_STATUS_POLICY}",
             f"ValidatingAdmissionPolicyBinding/{NODE_STATUS_POLICY}",
+            f"ValidatingAdmissionPolicy/{POD_ATTRIBUTION_POLICY}",
+            f"ValidatingAdmissionPolicyBinding/{POD_ATTRIBUTION_POLICY}",
         ]
     )
     assert f"ValidatingAdmissionPolicy/{REMEDIATIONS_POLICY}" in installed
@@ -665,6 +671,54 @@ def test_controller_evicts_and_kills_pods_on_any_namespace(controller, admin_api
     assert conditions["DisruptionTarget"]["reason"] == drain.KILL_REASON
 
 
+def infrastructure_failure(reason: str = "NodeLost") -> dict[str, Any]:
+    return {
+        "status": {
+            "conditions": [
+                {
+                    "type": INFRASTRUCTURE_FAILURE_CONDITION,
+                    "status": "True",
+                    "reason": reason,
+                    "message": "set by the test",
+                    "lastTransitionTime": "2026-12-01T00:00:00Z",
+                }
+            ]
+        }
+    }
+
+
+def test_only_the_controller_may_mark_a_pods_failure_as_the_infrastructures(
+    controller_call, admin, running_pod
+):
+    """The condition excuses a failure from its Job's retry budget, so it is the
+    controller's alone: not even a cluster admin (admission policies bind every user) may
+    set it, while pod status writes that leave it as it was still go through."""
+    path = f"/api/v1/namespaces/{WORK}/pods/forged/status"
+    strategic = "application/strategic-merge-patch+json"
+    running_pod("forged", gpus=8)
+    forged = wait_for(
+        lambda: (
+            answer
+            if denied_by_policy(
+                answer := admin("PATCH", path, infrastructure_failure(), strategic),
+                POD_ATTRIBUTION_POLICY,
+            )
+            else None
+        ),
+        POLICY_ACTIVE_TIMEOUT_S,
+        "the pod attribution policy in force",
+    )
+    assert "only the gpuguard controller" in forged[1]["message"]
+
+    code, body = controller_call("PATCH", path, infrastructure_failure(), strategic)
+    assert code == 200, body
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+    code, body = admin("PATCH", path, ready, strategic)  # ours left as it was
+    assert code == 200, body
+    changed = admin("PATCH", path, infrastructure_failure("GpuFault"), strategic)
+    assert denied_by_policy(changed, POD_ATTRIBUTION_POLICY)
+
+
 def episode_on(node: str, opened_at: float) -> Episode:
     return Episode(
         node=node,
@@ -821,12 +875,6 @@ def test_karpenter_provider_deletes_the_nodeclaim(controller, admin_api, nodes):
         ("creating a pod", "POST", f"/api/v1/namespaces/{WORK}/pods", {"metadata": {}}),
         ("deleting every pod", "DELETE", f"/api/v1/namespaces/{WORK}/pods", None),
         ("reading a NodeClaim", "GET", f"{NODECLAIMS.path('fleet-a')}", None),
-        (
-            "Events elsewhere",
-            "POST",
-            f"/apis/events.k8s.io/v1/namespaces/{NAMESPACE}/events",
-            {"metadata": {"generateName": "x-"}},
-        ),
         (
             "changing its own Deployment",
             "PATCH",

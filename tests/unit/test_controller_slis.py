@@ -185,12 +185,16 @@ def test_time_share_keeps_down_time_on_its_own():
 
 
 # --- jobs ----------------------------------------------------------------------------
-def test_slim_job_keeps_who_whether_gpu_and_how_it_ended():
+def test_slim_job_keeps_who_whether_gpu_how_it_ended_and_whether_it_has_a_failure_policy():
     assert slim_job(job("u1", "Complete")) == {
         "metadata": {"uid": "u1", "namespace": "ml", "name": "job-u1", "resourceVersion": "7"},
         "gpu": True,
         "outcome": "succeeded",
+        "podFailurePolicy": False,
     }
+    with_rules = job("u1")
+    with_rules["spec"]["podFailurePolicy"] = {"rules": [{"action": "Ignore"}]}
+    assert slim_job(with_rules)["podFailurePolicy"] is True
     # A broken watch resumes from the last event's version, read off the projection.
     assert WatchEvent("MODIFIED", slim_job(job("u1"))).resource_version == "7"
     assert slim_job(job("u", "Failed"))["outcome"] == "failed"
@@ -202,6 +206,7 @@ def test_slim_job_keeps_who_whether_gpu_and_how_it_ended():
         "metadata": {"uid": "u"},
         "gpu": False,
         "outcome": "",
+        "podFailurePolicy": False,
     }
     init = job("u")
     pod = init["spec"]["template"]["spec"]

@@ -22,6 +22,10 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 # On a Pod: the GPUs it was given, when known.
 GPU_IDS_ANNOTATION = "gpuguard.io/gpu-ids"
+# On a Pod: the controller's judgement that the infrastructure ended it (or will have,
+# should it fail: written while it runs on a node gpuguard found at fault). A Job's
+# podFailurePolicy ignores pods with it True (examples/jobs/).
+INFRASTRUCTURE_FAILURE_CONDITION = "gpuguard.io/InfrastructureFailure"
 
 # The breaker's ConfigMap, in the controller's namespace.
 BREAKER_CONFIGMAP = "gpuguard-controller-state"

@@ -13,7 +13,7 @@ from gpuguard.kube.rest import Json, KubeApi
 from gpuguard.remediation.model import Decision, Episode, Phase
 
 log = logging.getLogger("gpuguard.controller")
-EVENTS_PATH = "/apis/events.k8s.io/v1/namespaces/default/events"
+EVENTS_PATH = "/apis/events.k8s.io/v1/namespaces/{namespace}/events"
 
 
 class EventRecorder:
@@ -52,6 +52,27 @@ class EventRecorder:
             now=now,
         )
 
+    def about_pod(self, pod: Json, reason: str, note: str, now: float, *, warning: bool) -> None:
+        """An Event about a (slim) pod, in its namespace where ``kubectl describe`` looks."""
+        metadata = pod["metadata"]
+        regarding = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": metadata["namespace"],
+            "name": metadata["name"],
+            "uid": metadata["uid"],
+        }
+        self._emit(
+            metadata["name"],
+            f"{metadata['name']}-{reason.lower()}-",
+            action=reason,
+            reason=reason,
+            note=note,
+            warning=warning,
+            now=now,
+            regarding=regarding,
+        )
+
     def _emit(
         self,
         node: str,
@@ -63,6 +84,7 @@ class EventRecorder:
         warning: bool,
         now: float,
         related: Json | None = None,
+        regarding: Json | None = None,
     ) -> None:
         body: Json = {
             "apiVersion": "events.k8s.io/v1",
@@ -75,12 +97,13 @@ class EventRecorder:
             "reason": reason,
             "note": note[:1024],
             "type": "Warning" if warning else "Normal",
-            "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "regarding": regarding or {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         if related is not None:
             body["related"] = related
         try:
-            self.api.create(EVENTS_PATH, body)
+            namespace = (regarding or {}).get("namespace") or "default"
+            self.api.create(EVENTS_PATH.format(namespace=namespace), body)
         except KubeError as exc:
             log.warning("event for %s not recorded: %s", node, exc)
 

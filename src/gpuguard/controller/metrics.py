@@ -107,6 +107,21 @@ class ControllerMetrics(Probes):
             ["position", "node"],
             registry=self.registry,
         )
+        self.pod_failures = Counter(
+            "gpuguard_controller_pod_failures_total",
+            "Failed training pods judged: whether the infrastructure ended them (then not "
+            "charged to the job), and the cause (NotAttributed: the job's own)",
+            ["attributed", "cause"],
+            registry=self.registry,
+        )
+        # One series per suspect node: bounded by the nodes pods keep crashing on.
+        self.crash_suspect = Gauge(
+            "gpuguard_controller_crash_suspect",
+            "Nodes held suspect because pods of different jobs crashed there with no cause "
+            "found; the value is how many jobs",
+            ["node"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "gpuguard_controller_leader",
             "1 on the replica that holds the Lease",

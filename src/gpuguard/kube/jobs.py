@@ -17,13 +17,15 @@ _KEPT_METADATA = ("uid", "namespace", "name", "resourceVersion")
 
 def slim_job(job: Json) -> Json:
     """``metadata`` (uid, namespace, name, and the resourceVersion a broken watch resumes
-    from), ``gpu`` (some container asks for a GPU) and ``outcome`` ("succeeded", "failed",
-    or "" while it runs)."""
+    from), ``gpu`` (some container asks for a GPU), ``outcome`` ("succeeded", "failed",
+    or "" while it runs) and ``podFailurePolicy`` (whether it has one: without, a pod the
+    infrastructure ended is charged to it all the same)."""
     metadata = job.get("metadata") or {}
     return {
         "metadata": {key: metadata[key] for key in _KEPT_METADATA if key in metadata},
         "gpu": _requests_gpu(job),
         "outcome": job_outcome(job),
+        "podFailurePolicy": bool((job.get("spec") or {}).get("podFailurePolicy")),
     }
 
 

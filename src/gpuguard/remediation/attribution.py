@@ -26,6 +26,7 @@ from gpuguard.contract.report import LayerReport
 # exception, an MMU fault from a bad access, a reset channel verification error): the
 # job's own, never the node's. The agent reports them; they do not excuse a crash.
 APPLICATION_XIDS = frozenset({"XID_13", "XID_31", "XID_43"})
+NO_CAUSE = "no cause found"
 
 
 class Cause(StrEnum):
@@ -75,6 +76,11 @@ class Attribution:
     def reason(self) -> str:
         return str(self.cause) if self.cause is not None else "NotAttributed"
 
+    @property
+    def unexplained(self) -> bool:
+        """Neither the infrastructure's nor shown to be the job's: a crash with no cause."""
+        return not self.infrastructure and self.detail == NO_CAUSE
+
 
 def attribute(
     failure: PodFailure,
@@ -102,7 +108,7 @@ def attribute(
     if peers_lost:
         peer = sorted(peers_lost)[0]
         return Attribution(True, Cause.PEER_LOST, f"its peer {peer} was lost first")
-    return Attribution(False, None, "no cause found")
+    return Attribution(False, None, NO_CAUSE)
 
 
 def _finding(failure: PodFailure, node: NodeAtFailure, window_s: float) -> Attribution | None:

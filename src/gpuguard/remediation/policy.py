@@ -279,6 +279,23 @@ class Crashes(_Strict):
     )
 
 
+class Attribution(_Strict):
+    """Failed training pods judged for the infrastructure's part (docs/attribution.md):
+    a pod gpuguard attributes gets the pod condition ``gpuguard.io/InfrastructureFailure``,
+    which the Job's ``podFailurePolicy`` ignores.
+
+    The window spans PyTorch's default collective timeout for NCCL (10 min): a rank
+    whose peer's node died fails up to that long after the node's finding.
+    """
+
+    enabled: bool = Field(default=True, description="Judge failed pods of training jobs")
+    window_s: Seconds = Field(
+        default=600,
+        gt=0,
+        description="A finding or a lost peer this long around a failure can be its cause",
+    )
+
+
 class Policy(_Strict):
     """Everything ``decide`` is told besides the fleet's state and the time."""
 
@@ -346,6 +363,7 @@ class Policy(_Strict):
     positions: Positions = Positions()
     confirm: Confirm = Confirm()
     crashes: Crashes = Crashes()
+    attribution: Attribution = Attribution()
 
     @field_validator("tolerances", mode="after")
     @classmethod
@@ -421,6 +439,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "positions": Positions,
     "confirm": Confirm,
     "crashes": Crashes,
+    "attribution": Attribution,
 }
 
 
