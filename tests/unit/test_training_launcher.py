@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.cli import EXIT_USAGE, main
-from gpuguard.training import CHECKPOINT_DIR_ENV, Checkpointer
+from gpuguard.training import CHECKPOINT_DIR_ENV, EXIT_INFRASTRUCTURE, Checkpointer
 from tests.support.train_interruptions import (
     Interruption,
     interrupt,
@@ -198,7 +198,8 @@ def test_application_errors_exhaust_their_budget_preemptions_do_not(tmp_path):
     assert "RuntimeError: loss became NaN at step 150" in output
     assert last_report(output) == (
         "gpuguard run: stopped after 4 runs: application budget spent (1 restart allowed); "
-        "last run: exit 1; infrastructure interruptions 2, application errors 2, "
+        "last run: exit 1, last words PYTHON_TRACEBACK (application): RuntimeError: loss "
+        "became NaN at step 150; infrastructure interruptions 2, application errors 2, "
         "best step 149; exit status 1"
     )
     assert len(read_runs(tmp_path / "steps.log")) == 4
@@ -275,6 +276,24 @@ def test_exit_status_of_a_signal_and_of_a_missing_command(tmp_path):
     returncode, output = finish(start(tmp_path, [], ["no-such-command-here"]), tmp_path)
     assert returncode == 127
     assert "cannot start 'no-such-command-here'" in output
+
+
+def test_a_transport_error_as_last_words_is_an_interruption_and_the_infrastructure_status(
+    tmp_path,
+):
+    """The worker's own exit 1 after an NCCL error: counted against the infrastructure's
+    budget, and the launcher's status is the one a podFailurePolicy ignores."""
+    script = (
+        "import sys; print('step 10', flush=True); "
+        "print('NCCL error: remote process exited or there was a network error', "
+        "file=sys.stderr); sys.exit(1)"
+    )
+    launcher = start(tmp_path, ["--infra-retries", "1"], [sys.executable, "-c", script])
+    returncode, output = finish(launcher, tmp_path)
+    assert returncode == EXIT_INFRASTRUCTURE, output
+    assert output.count("NCCL error: remote process exited") >= 2  # passed through, twice
+    assert "infrastructure interruption 1 of 1 allowed" in output
+    assert "infrastructure budget spent" in last_report(output)
 
 
 def test_usage_errors_name_the_problem(capsys):

@@ -6,6 +6,8 @@ import signal
 
 import pytest
 
+from gpuguard.remediation.signatures import classify as read_last_words
+from gpuguard.training.contract import EXIT_INFRASTRUCTURE
 from gpuguard.training.restart_policy import (
     Cause,
     Restart,
@@ -61,6 +63,26 @@ def test_exit_status_and_description():
     assert describe(ended(-9)) == "killed by SIGKILL"
     assert describe(ended(1, reported_code=69)) == "exit 1, a worker reported 69 (GPU lost)"
     assert "watchdog" in describe(ended(-9, stalled=True))
+
+
+NCCL_LOST = read_last_words("NCCL error: remote process exited or there was a network error")
+OUT_OF_MEMORY = read_last_words("torch.OutOfMemoryError: CUDA out of memory.")
+
+
+def test_last_words_of_the_infrastructure_make_a_failure_an_interruption():
+    assert classify(ended(1, last_words=NCCL_LOST), INFRA_CODES) is Cause.INFRASTRUCTURE
+    assert classify(ended(1, last_words=OUT_OF_MEMORY), INFRA_CODES) is Cause.APPLICATION
+    # A crash signal stays the job's, whatever it printed before it.
+    assert classify(ended(-signal.SIGSEGV, last_words=NCCL_LOST), INFRA_CODES) is (
+        Cause.APPLICATION
+    )
+    assert exit_status(ended(1, last_words=NCCL_LOST)) == EXIT_INFRASTRUCTURE
+    assert exit_status(ended(1, last_words=OUT_OF_MEMORY)) == 1
+    assert exit_status(ended(75, last_words=NCCL_LOST)) == 75  # a code of its own stands
+    assert describe(ended(1, last_words=NCCL_LOST)) == (
+        "exit 1, last words NCCL_REMOTE_ERROR (infrastructure): NCCL error: remote process "
+        "exited or there was a network error"
+    )
 
 
 def test_application_errors_use_the_small_budget_and_report_the_jobs_status():

@@ -50,6 +50,7 @@ from gpuguard.training.checkpoint import Checkpointer, CheckpointError, Restored
 from gpuguard.training.contract import (
     CHECKPOINT_DIR_ENV,
     EXIT_GPU_LOST,
+    EXIT_INFRASTRUCTURE,
     EXIT_PREEMPTED,
     EXIT_REASON_FILE_ENV,
     HEARTBEAT_FILE_ENV,
@@ -78,6 +79,7 @@ __all__ = [
     "CHECKPOINT_DIR_ENV",
     "EXCHANGE_PORT_ENV",
     "EXIT_GPU_LOST",
+    "EXIT_INFRASTRUCTURE",
     "EXIT_PREEMPTED",
     "EXIT_REASON_FILE_ENV",
     "GPU_PCI_BUS_ID_ENV",

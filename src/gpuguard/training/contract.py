@@ -23,3 +23,6 @@ EXIT_PREEMPTED = 75
 """EX_TEMPFAIL: the job was asked to stop, saved a checkpoint, and wants to be resumed."""
 EXIT_GPU_LOST = 69
 """EX_UNAVAILABLE: the job lost its GPU (a CUDA error such as Xid 79) and cannot go on here."""
+EXIT_INFRASTRUCTURE = 76
+"""EX_PROTOCOL: ``gpuguard run``'s own verdict: the job's last words were a transport or
+device error (gpuguard.remediation.signatures), so the failure is the infrastructure's."""

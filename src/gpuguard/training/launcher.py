@@ -29,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpuguard.errors import ConfigError
+from gpuguard.remediation.signatures import classify
 from gpuguard.training import process_tree
 from gpuguard.training.contract import (
     CHECKPOINT_DIR_ENV,
@@ -46,6 +47,7 @@ from gpuguard.training.restart_policy import (
     describe,
     exit_status,
 )
+from gpuguard.training.stderr_tail import StderrTail
 
 POLL_S = 0.05
 LEFTOVER_TIMEOUT_S = 10.0
@@ -142,6 +144,8 @@ class Launcher:
             env[CHECKPOINT_DIR_ENV] = str(self.checkpoint_dir)
         started = time.monotonic()
         child = self._start(env)
+        assert child.stderr is not None  # started with stderr=PIPE
+        stderr = StderrTail(child.stderr)
         watch = _RunWatch(self._stop_requests, self.watchdog, child.pid, heartbeat, started)
         while not process_tree.exited(child.pid):
             process_tree.reap_orphans(keep=child.pid)
@@ -157,11 +161,14 @@ class Launcher:
             stalled=watch.stalled,
             reported_code=_read_reported_code(reason),
             step=last_beat if last_beat is not None else watch.step,
+            last_words=classify(stderr.text()) if child.returncode else None,
         )
 
     def _start(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         try:
-            return subprocess.Popen(self.command, env=env, start_new_session=True)
+            return subprocess.Popen(
+                self.command, env=env, start_new_session=True, stderr=subprocess.PIPE
+            )
         except FileNotFoundError as exc:
             raise CannotStart(EXIT_NOT_FOUND, f"cannot start {self.command[0]!r}: {exc}") from exc
         except OSError as exc:

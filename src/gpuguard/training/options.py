@@ -8,6 +8,7 @@ from pathlib import Path
 from gpuguard.training.contract import (
     CHECKPOINT_DIR_ENV,
     EXIT_GPU_LOST,
+    EXIT_INFRASTRUCTURE,
     EXIT_PREEMPTED,
     EXIT_REASON_FILE_ENV,
     HEARTBEAT_FILE_ENV,
@@ -27,12 +28,15 @@ environment given to COMMAND:
 
 infrastructure interruptions: exit {EXIT_PREEMPTED} (preempted), exit {EXIT_GPU_LOST} (GPU lost), \
 --infra-exit-code,
-  SIGKILL, SIGTERM, and no progress for --progress-timeout; anything else is an application
-  error. SIGTERM, SIGINT and SIGHUP to gpuguard run are passed to COMMAND (SIGHUP as SIGTERM)
-  and stop the restarts; a second one kills the job.
+  SIGKILL, SIGTERM, no progress for --progress-timeout, and a failure whose last words on
+  stderr are a transport or device error (NCCL, InfiniBand, EFA, a lost GPU); anything
+  else is an application error. SIGTERM, SIGINT and SIGHUP to gpuguard run are passed to
+  COMMAND (SIGHUP as SIGTERM) and stop the restarts; a second one kills the job.
 
-exit status: COMMAND's own (128+N when a signal N ended it); 127 when COMMAND cannot be
-found, 126 when it cannot be run, 64 for bad usage. See docs/training.md.
+exit status: COMMAND's own (128+N when a signal N ended it); {EXIT_INFRASTRUCTURE} when it failed
+with a transport or device error as its last words (a podFailurePolicy rule can ignore
+it, see examples/jobs/); 127 when COMMAND cannot be found, 126 when it cannot be run, 64
+for bad usage. See docs/training.md.
 """
 
 

@@ -4,8 +4,9 @@ Two budgets, because two kinds of failure deserve different patience:
 
 - **infrastructure**: the job was interrupted by something outside it: it exited 75
   (preempted) or 69 (GPU lost) or another ``--infra-exit-code``, was killed by SIGKILL
-  (a drain's deadline, the OOM killer) or SIGTERM, or the watchdog ended it for making no
-  progress. Retried within a generous budget (default 50);
+  (a drain's deadline, the OOM killer) or SIGTERM, the watchdog ended it for making no
+  progress, or it failed with a transport or device error as its last words on stderr
+  (gpuguard.remediation.signatures). Retried within a generous budget (default 50);
 - **application**: anything else (a Python exception, its own non-zero exit, a crash
   signal such as SIGSEGV). Retried within a small budget (default 3): the same code
   would likely fail the same way.
@@ -23,10 +24,15 @@ import enum
 import signal
 from dataclasses import dataclass
 
-from gpuguard.training.contract import EXIT_GPU_LOST, EXIT_PREEMPTED
+from gpuguard.remediation.signatures import Signature
+from gpuguard.training.contract import EXIT_GPU_LOST, EXIT_INFRASTRUCTURE, EXIT_PREEMPTED
 
 _INFRASTRUCTURE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM})
-_KNOWN_CODES = {EXIT_PREEMPTED: "preempted", EXIT_GPU_LOST: "GPU lost"}
+_KNOWN_CODES = {
+    EXIT_PREEMPTED: "preempted",
+    EXIT_GPU_LOST: "GPU lost",
+    EXIT_INFRASTRUCTURE: "infrastructure error",
+}
 
 
 class Cause(enum.Enum):
@@ -41,7 +47,8 @@ class RunResult:
 
     ``returncode`` follows `subprocess`: negative for a signal. ``reported_code`` is what a
     worker wrote with `exit_preempted`/`exit_gpu_lost` (through torchrun, whose own exit
-    status is then 1). ``step`` is the last heartbeat of the run.
+    status is then 1). ``step`` is the last heartbeat of the run. ``last_words`` is what
+    its stderr's tail was classified as, if anything.
     """
 
     returncode: int
@@ -50,6 +57,13 @@ class RunResult:
     stalled: bool = False
     reported_code: int | None = None
     step: int | None = None
+    last_words: Signature | None = None
+
+    @property
+    def infrastructure_error(self) -> bool:
+        """Failed with an exit status of its own, its last words the infrastructure's."""
+        words = self.last_words
+        return self.returncode > 0 and words is not None and words.infrastructure
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,8 @@ def exit_status(result: RunResult) -> int:
     as a shell shows it (128 + N for a process killed by signal N)."""
     if result.returncode != 0 and result.reported_code is not None:
         return result.reported_code
+    if result.infrastructure_error and result.returncode not in _KNOWN_CODES:
+        return EXIT_INFRASTRUCTURE
     return 128 - result.returncode if result.returncode < 0 else result.returncode
 
 
@@ -97,6 +113,9 @@ def describe(result: RunResult) -> str:
         text += f", a worker reported {result.reported_code} ({meaning})"
     if result.stalled:
         text += ", after the watchdog ended it for making no progress"
+    if result.returncode != 0 and result.last_words is not None:
+        whose = "infrastructure" if result.last_words.infrastructure else "application"
+        text += f", last words {result.last_words.code} ({whose}): {result.last_words.detail}"
     return text
 
 
@@ -105,7 +124,7 @@ def classify(result: RunResult, infra_exit_codes: frozenset[int]) -> Cause:
         return Cause.INFRASTRUCTURE
     if result.returncode == 0:
         return Cause.SUCCESS
-    if result.reported_code in infra_exit_codes:
+    if result.reported_code in infra_exit_codes or result.infrastructure_error:
         return Cause.INFRASTRUCTURE
     if result.returncode < 0:
         killed_by = -result.returncode
