@@ -36,6 +36,7 @@ from tests.support.controlplane import (
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # KWOK's own convention, value "fake"
 EXIT_CODE_ANNOTATION = "test.gpuguard.io/exit-code"  # read by the pod-exit stage
+EXIT_MESSAGE_ANNOTATION = "test.gpuguard.io/exit-message"  # its termination message
 STAGES = Path(__file__).with_name("kwok-stages.yaml")
 EXAMPLES = REPO / "examples" / "jobs"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -157,12 +158,16 @@ def make_kwok_node(api: KubeApi, name: str, labels: dict[str, str], gpus: int = 
     api.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
 
 
-def end_pod(api: KubeApi, pod: Json, exit_code: int) -> None:
-    """Make the pod's containers exit with ``exit_code`` (KWOK's pod-exit stage reads it)."""
+def end_pod(api: KubeApi, pod: Json, exit_code: int, message: str = "") -> None:
+    """Make the pod's containers exit with ``exit_code`` and, if given, leave ``message``
+    as their termination message (KWOK's pod-exit stage reads both)."""
     meta = pod["metadata"]
+    annotations = {EXIT_CODE_ANNOTATION: str(exit_code)}
+    if message:
+        annotations[EXIT_MESSAGE_ANNOTATION] = message
     api.patch(
         f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-        {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: str(exit_code)}}},
+        {"metadata": {"annotations": annotations}},
     )
 
 

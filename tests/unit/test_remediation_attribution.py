@@ -12,6 +12,7 @@ from gpuguard.remediation.attribution import (
     Cause,
     NodeAtFailure,
     PodFailure,
+    SelfReportedLimit,
     attribute,
 )
 
@@ -95,3 +96,24 @@ def test_a_rank_whose_peer_was_lost_is_the_infrastructures_and_a_crash_alone_is_
     assert judged(failure(), peers_lost=["ns/p-1"]).cause is Cause.PEER_LOST
     alone = judged(failure())
     assert not alone.infrastructure and alone.reason == "NotAttributed"
+
+
+def test_a_jobs_own_account_excuses_a_bounded_number_of_incidents():
+    """A job that always dies with an NCCL error of its own making (a wrong setting) must
+    still run out of retries; node evidence is never bounded."""
+    limit = SelfReportedLimit(limit=2, window_s=86400, incident_s=WINDOW)
+    words = failure(signature="NCCL_SYSTEM_ERROR: unhandled", infrastructure_signature=True)
+    verdict = judged(words)
+    # One incident: all ranks of one collective, within the window of the first.
+    assert all(limit.judge("ns/train", verdict, T + s).infrastructure for s in (0, 5, 500))
+    assert limit.judge("ns/train", verdict, T + 3600).infrastructure  # the second
+    charged = limit.judge("ns/train", verdict, T + 7200)
+    assert not charged.infrastructure and not charged.unexplained
+    assert "excused 2 incidents" in charged.detail
+    # Another job has its own allowance; a finding on the node is never bounded.
+    assert limit.judge("ns/other", verdict, T + 7200).infrastructure
+    node_fault = judged(failure(), NodeAtFailure(layers=(finding(("XID_79",)),)))
+    assert limit.judge("ns/train", node_fault, T + 7300).infrastructure
+    # A day later the allowance is back.
+    limit.forget_before(T + 90000)
+    assert limit.judge("ns/train", verdict, T + 90000).infrastructure

@@ -25,6 +25,7 @@ from gpuguard.contract.errors import ContractError
 from gpuguard.contract.keys import REPORT_ANNOTATION
 from gpuguard.contract.times import format_time
 from gpuguard.controller.apply import Applier
+from gpuguard.controller.attribution import Attributor, node_at, with_crash_layer
 from gpuguard.controller.breaker_store import BreakerStore
 from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.metrics import ControllerMetrics
@@ -50,7 +51,15 @@ from gpuguard.kube.remediations import (
 from gpuguard.kube.rest import NODES, PODS, Json, KubeApi, WatchEvent
 from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
 from gpuguard.metrics_server import LIVENESS_S
-from gpuguard.remediation.health import AGENT_SILENT, deferred_repair, named_gpus, silenced
+from gpuguard.remediation.attribution import Cause, NodeAtFailure
+from gpuguard.remediation.crash_memory import CRASH_LAYER
+from gpuguard.remediation.health import (
+    AGENT_SILENT,
+    deferred_repair,
+    false_layers,
+    named_gpus,
+    silenced,
+)
 from gpuguard.remediation.model import DecisionKind, NodeObservation, Phase, Plan
 from gpuguard.remediation.policy import Policy
 from gpuguard.remediation.reconciler import Pass, Reconciler
@@ -117,8 +126,14 @@ class Controller:
             self.writer, self.applier.events, self.metrics, dry_run=dry_run
         )
         self.pods = PodCache()
+        self.attribution = Attributor(
+            self.writer, self.applier.events, self.metrics, policy, dry_run=dry_run
+        )
         self._nodes: dict[str, Json] = {}
         self._observed: dict[str, NodeObservation] = {}
+        # Nodes lost (deleted) or not Ready: the pods still running there are marked.
+        self._lost: set[str] = set()
+        self._crash_layered: set[str] = set()  # nodes whose observation has crash memory's layer
         self._lock = threading.Lock()  # the Node cache and the reconciler's node tracking
         self._wake = threading.Event()
         self._urgent = False  # something woke the loop that wants a pass at once
@@ -323,6 +338,12 @@ class Controller:
     def _take_pods(self, item: Snapshot | WatchEvent) -> str:
         changed = self.pods.take(item)
         self._listed.add("pods")
+        if isinstance(item, Snapshot):
+            pods = item.items
+        else:
+            pods = [item.object] if item.type != "DELETED" else []
+        if any([self.attribution.take_pod(pod) for pod in pods]):  # every pod taken
+            self._wake_now()
         reconciler = self.reconciler
         if isinstance(item, Snapshot) or any(
             node in reconciler.episodes or node in reconciler.attention for node in changed
@@ -333,10 +354,14 @@ class Controller:
     def _take_jobs(self, item: Snapshot | WatchEvent) -> str:
         if isinstance(item, Snapshot):
             self.slis.jobs_listed(item.items)
+            for job in item.items:
+                self.attribution.take_job(job)
         elif item.type == "DELETED":
             self.slis.job_gone(item.object)
+            self.attribution.take_job(item.object, deleted=True)
         else:
             self.slis.job_seen(item.object)
+            self.attribution.take_job(item.object)
         return item.resource_version
 
     def _put(self, node: Json) -> bool:
@@ -356,7 +381,12 @@ class Controller:
             self.metrics.unreadable.labels("Node").inc()
             log.exception("Node %s could not be read, its last reading kept", name)
             return False
+        observed = self._with_crashes(observed, self.clock.now())
         self._nodes[name], self._observed[name] = node, observed
+        if node_at(node, None).ready:
+            self._lost.discard(name)
+        else:
+            self._lost.add(name)
         self.position_faults.seen(node)
         sharing = self.positions.put(name, reading, reporting=bool(observed.layers))
         moved = [other for other in sharing if self._share(other)]
@@ -372,6 +402,8 @@ class Controller:
         )
 
     def _drop(self, name: str) -> None:
+        self.attribution.forget_node(name)
+        self._lost.add(name)
         self._nodes.pop(name, None)
         self._observed.pop(name, None)
         self.silence.forget(name)
@@ -392,10 +424,55 @@ class Controller:
         self.reconciler.track(name, observed)
         return observed
 
+    def _with_crashes(self, observed: NodeObservation, now: float) -> NodeObservation:
+        return with_crash_layer(observed, self.attribution.layer(observed.name, now))
+
+    def _node_at(self, name: str) -> NodeAtFailure:
+        with self._lock:
+            return node_at(self._nodes.get(name), self._observed.get(name))
+
+    def _attribute(self, now: float) -> None:
+        """Judge the failures waiting; a node they made suspect (or whose suspicion
+        lapsed) is read again with its crash layer."""
+        raised = self.attribution.judge(self._node_at, now)
+        with self._lock:
+            for name in raised | self._crash_layered:
+                observed = self._observed.get(name)
+                if observed is not None:
+                    self._observed[name] = self._with_crashes(observed, now)
+                    self.reconciler.track(name, self._observed[name])
+            self._crash_layered = {
+                name
+                for name in raised | self._crash_layered
+                if name in self._observed and CRASH_LAYER in self._observed[name].layers
+            }
+        self.attribution.publish(now)
+
+    def _mark_ahead(self, observations: Mapping[str, NodeObservation], now: float) -> None:
+        """The training pods still running on a node at fault, or lost, are the
+        infrastructure's should they fail: marked now, before the Job controller can
+        count them."""
+        for name, episode in self.reconciler.episodes.items():
+            observed = observations.get(name)
+            layers = false_layers(observed) if observed is not None else []
+            if episode.phase is Phase.CLOSED or not layers:
+                continue
+            codes = ", ".join(sorted({c for layer in layers for c in layer.codes})) or "a fault"
+            pods = self.pods.running_on(name, episode.gpus)
+            cause = Cause.GPU_FAULT if episode.gpus else Cause.NODE_FAULT
+            self.attribution.mark_ahead(pods, cause, f"node {name} at fault: {codes}", now)
+        with self._lock:
+            lost = [(name, name in self._nodes) for name in self._lost]
+            self._lost = {name for name, there in lost if there}  # gone: marked once
+        for name, there in lost:
+            why = f"node {name} is not Ready" if there else f"node {name} is gone"
+            self.attribution.mark_ahead(self.pods.running_on(name), Cause.NODE_LOST, why, now)
+
     # --- one pass -----------------------------------------------------------------
     def reconcile(self) -> Plan:
         now = self.clock.now()
         reconciler = self.reconciler
+        self._attribute(now)
         if reconciler.stale:
             stored = read_episodes(self.api)
             self.applier.versions.clear()
@@ -428,6 +505,7 @@ class Controller:
             population=population,
         )
         self.breakers.save(done.plan.breaker)
+        self._mark_ahead(observations, now)
         self.replacements.take(done.plan, now)
         if self.replacements.awaiting:
             with self._lock:

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Collection
 
 from gpuguard.contract.keys import DO_NOT_DISRUPT, GPU_IDS_ANNOTATION
+from gpuguard.controller.pod_failures import JOB_LABELS, judged_conditions, terminations
 from gpuguard.kube import drain
 from gpuguard.kube.do_not_disrupt import protects
 from gpuguard.kube.rest import Json, WatchEvent
@@ -22,7 +23,9 @@ _KEPT_ANNOTATIONS = (drain.MIRROR_ANNOTATION, GPU_IDS_ANNOTATION, DO_NOT_DISRUPT
 
 def slim_pod(pod: Json) -> Json:
     """What the drain rules read of a pod: owners, the kept annotations, deletion, the
-    containers' GPU resources, the phase and the start (a timed do-not-disrupt)."""
+    containers' GPU resources, the phase and the start (a timed do-not-disrupt); and
+    what attribution reads: the job's labels, the conditions that judge a failure, and a
+    failed pod's container endings."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = metadata.get("annotations") or {}
@@ -30,16 +33,24 @@ def slim_pod(pod: Json) -> Json:
     status: Json = {"phase": full_status.get("phase", "")}
     if "startTime" in full_status:
         status["startTime"] = full_status["startTime"]
+    labels = metadata.get("labels") or {}
     kept: Json = {
         "name": metadata.get("name", ""),
         "namespace": metadata.get("namespace", ""),
         "uid": metadata.get("uid", ""),
         "resourceVersion": metadata.get("resourceVersion", ""),
         "ownerReferences": [
-            {"kind": owner.get("kind", "")} for owner in metadata.get("ownerReferences") or []
+            {"kind": owner.get("kind", ""), "name": owner.get("name", "")}
+            for owner in metadata.get("ownerReferences") or []
         ],
         "annotations": {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations},
+        "labels": {k: labels[k] for k in JOB_LABELS if k in labels},
     }
+    conditions = judged_conditions(full_status)
+    if conditions:
+        status["conditions"] = conditions
+    if status["phase"] == "Failed":
+        status["containerStatuses"] = terminations(full_status)
     if metadata.get("deletionTimestamp"):
         kept["deletionTimestamp"] = metadata["deletionTimestamp"]
     return {
@@ -107,6 +118,17 @@ class PodCache:
         """The pods still running on ``gpus`` of ``node`` (every GPU pod when none named)."""
         with self._lock:
             return drain.gpu_pods_on(self._by_node.get(node, {}).values(), gpus)
+
+    def running_on(self, node: str, gpus: Collection[str] = ()) -> list[Json]:
+        """The pods running on ``node``: on ``gpus`` if named (or when it cannot be told)."""
+        with self._lock:
+            pods = self._by_node.get(node, {}).values()
+            return [
+                pod
+                for pod in pods
+                if pod["status"].get("phase") == "Running"
+                and (not gpus or drain.is_on_gpus(pod, gpus))
+            ]
 
     def protected_by(self, node: str, now: float) -> str:
         """The first pod on ``node`` whose ``karpenter.sh/do-not-disrupt`` holds at ``now``,

@@ -128,3 +128,47 @@ def _finding(failure: PodFailure, node: NodeAtFailure, window_s: float) -> Attri
             named = ", ".join(sorted(mine or layer.gpus))
             return Attribution(True, Cause.GPU_FAULT, f"{shown} on GPU {named}")
     return None
+
+
+# Causes that rest on the pod's own account, with no evidence from the node.
+SELF_REPORTED = frozenset({Cause.SIGNATURE, Cause.PEER_LOST})
+
+
+class SelfReportedLimit:
+    """Bounds how often a job's own account excuses its failures.
+
+    Per job, the incidents excused on its word alone within ``window_s``; a failure less
+    than ``incident_s`` after the job's last counted incident belongs to it (the ranks of
+    one collective failing together)."""
+
+    def __init__(self, limit: int, window_s: float, incident_s: float) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self.incident_s = incident_s
+        self._incidents: dict[str, list[float]] = {}  # job -> start of each incident
+
+    def judge(self, job: str, verdict: Attribution, at: float) -> Attribution:
+        """The verdict, or a charged one when the job's allowance is spent."""
+        if not verdict.infrastructure or verdict.cause not in SELF_REPORTED:
+            return verdict
+        incidents = [t for t in self._incidents.get(job, []) if at - t < self.window_s]
+        if incidents and 0 <= at - incidents[-1] < self.incident_s:
+            self._incidents[job] = incidents
+            return verdict
+        if len(incidents) >= self.limit:
+            self._incidents[job] = incidents
+            return Attribution(
+                False,
+                None,
+                f"{verdict.detail}; charged all the same: the job's own account already "
+                f"excused {len(incidents)} incidents within {self.window_s:g}s",
+            )
+        self._incidents[job] = [*incidents, at]
+        return verdict
+
+    def forget_before(self, now: float) -> None:
+        self._incidents = {
+            job: kept
+            for job, times in self._incidents.items()
+            if (kept := [t for t in times if now - t < self.window_s])
+        }

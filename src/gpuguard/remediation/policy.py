@@ -286,6 +286,11 @@ class Attribution(_Strict):
 
     The window spans PyTorch's default collective timeout for NCCL (10 min): a rank
     whose peer's node died fails up to that long after the node's finding.
+
+    A failure excused by nothing but the pod's own words (a signature, a lost peer) is
+    bounded: an excused failure is never counted, so a job that fails the same way each
+    time for a reason of its own (a bad NCCL setting, a dead dataset server) would be
+    retried without end. Failures within ``window_s`` of each other are one incident.
     """
 
     enabled: bool = Field(default=True, description="Judge failed pods of training jobs")
@@ -293,6 +298,19 @@ class Attribution(_Strict):
         default=600,
         gt=0,
         description="A finding or a lost peer this long around a failure can be its cause",
+    )
+    self_reported: int = Field(
+        default=5,
+        ge=0,
+        description=(
+            "Incidents a job's own last words (or its peers' loss) may excuse per "
+            "self_reported_window_s; past that, its failures are charged"
+        ),
+    )
+    self_reported_window_s: Seconds = Field(
+        default=86400,
+        gt=0,
+        description="The window of self_reported",
     )
 
 
