@@ -65,10 +65,22 @@ def job_system(
 
 @pytest.fixture
 def jobs(api: KubeApi, job_system: JobSystem) -> Iterator[str]:
-    """A namespace for the test's Jobs; KWOK, not a stand-in thread, ends their pods."""
+    """A namespace for the test's Jobs; KWOK, not a stand-in thread, ends their pods.
+    Afterwards its Jobs and pods are deleted at once: no namespace controller runs here
+    to empty it, and a finished GPU Job left behind would count in the next test's SLIs."""
     job_system.check_running()
     with scratch_namespace(api) as name:
         yield name
+        # Background: Orphan (a Job's default) leaves a finalizer only the garbage
+        # collector, not running here either, would remove.
+        now = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "propagationPolicy": "Background",
+        }
+        api.delete(f"/apis/batch/v1/namespaces/{name}/jobs", now)
+        api.delete(f"/api/v1/namespaces/{name}/pods", now)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The example JobSet (examples/jobs/jobset.yaml) run by the real JobSet controller, on the
 real Karpenter: gpuguard's REPLACE and KILL_JOB restart the gang on healthy nodes without
-charging its maxRestarts (the platformDisruption rule), and an application error still
+charging its maxRestarts (the platformDisruption rule), so do the failures gpuguard
+attributes (the pod condition, gpuguard run's exit 76), and an application error still
 fails it (applicationError).
 
 One control plane for the module, as test_karpenter.py's (Karpenter's CRDs and its node
@@ -19,7 +20,9 @@ from typing import Any
 
 import pytest
 
+from gpuguard.contract.keys import INFRASTRUCTURE_FAILURE_CONDITION
 from gpuguard.kube.rest import Json, KubeApi, load_api
+from gpuguard.training.contract import EXIT_INFRASTRUCTURE
 from tests.support import controlplane
 from tests.support.audit import AuditLog, Write, evictions
 from tests.support.cluster import set_health, wait_for
@@ -202,6 +205,58 @@ def test_kill_job_restarts_the_gang_off_the_quarantined_node_uncharged(
     finally:
         running.halt()
         gpuguard.close()
+        api.close()
+
+
+def marked(api: KubeApi, pod: Json) -> bool:
+    meta = pod["metadata"]
+    current = api.get(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+    return any(
+        c["type"] == INFRASTRUCTURE_FAILURE_CONDITION and c["status"] == "True"
+        for c in current["status"].get("conditions") or []
+    )
+
+
+def test_failures_gpuguard_attributes_restart_the_gang_uncharged(
+    cluster: ControlPlane, namespace: str
+) -> None:
+    """A member on a node gpuguard finds at fault is marked while it runs and then fails
+    with exit 1; after that restart a member's gpuguard run reads an NCCL error and exits
+    76. Two gang restarts, neither charged to maxRestarts."""
+    api = load_api(cluster.admin_kubeconfig)
+    name, size, first = start_gang(api, namespace)
+    sick = sorted(nodes_of(first))[0]
+    set_health(api, sick)
+    # A long tolerance: the node stays quarantined, never drained, so the member ends by
+    # the fault itself.
+    controller = new_controller(api, "gpuguard", "karpenter", tolerance_s=3600)
+    running = Running(controller.run)
+    try:
+        network = {"network_action": "REBOOT", "network_codes": ("IB_LINK_DOWN",)}
+        set_health(api, sick, network="False", **network)
+        member = next(pod for pod in first if pod["spec"]["nodeName"] == sick)
+        wait_for(lambda: marked(api, member), 30, "the member marked while it runs")
+        end_pod(api, member, 1, "NCCL error: remote process exited or there was a network error")
+        second = restarted_gang(api, namespace, name, size)
+        assert sick not in nodes_of(second)  # quarantined: the gang went elsewhere
+        uncharged_restarts(jobset_status(api, namespace, name))
+
+        end_pod(api, second[0], EXIT_INFRASTRUCTURE)  # gpuguard run's own verdict
+        third = wait_for(
+            lambda: (
+                running_gang(api, namespace, name, size, 2) or jobset_finished(api, namespace, name)
+            ),
+            NODE_LAUNCH_S,
+            "the gang restarted again",
+        )
+        assert isinstance(third, list), jobset_status(api, namespace, name)
+        status = jobset_status(api, namespace, name)
+        assert status["restarts"] == 2 and not status.get("restartsCountTowardsMax")
+        set_health(api, sick)
+        status = complete(api, namespace, name, third)
+        assert status["restarts"] == 2 and not status.get("restartsCountTowardsMax")
+    finally:
+        running.halt()
         api.close()
 
 
