@@ -140,7 +140,10 @@ class Attributor:
             ).inc()
             if verdict.infrastructure:
                 self._lost.setdefault(failure.job, []).append((failure.pod, failure.at))
-                self._excuse(pod, verdict, now)
+                # Long over when first seen (a new leader lists the cluster): no Job
+                # controller waits on it, and a write per old pod would stall the pass.
+                if now - failure.at <= window:
+                    self._excuse(pod, verdict, now)
             elif verdict.unexplained and failure.node:
                 suspicion = self.memory.record(Crash(failure.node, failure.job, failure.at))
                 if suspicion is not None:
