@@ -127,3 +127,47 @@ def test_a_replay_runs_every_policy_on_the_trace_and_the_cli_reports_it(tmp_path
 def test_a_missing_trace_is_a_usage_error(tmp_path, capsys):
     assert main(["simulate", "--trace", str(tmp_path / "nope.csv"), "--no-progress"]) == 64
     assert "cannot read trace" in capsys.readouterr().err
+
+
+def _replay(tmp_path, rows: list[str], days: int = 6):
+    nodes = 160  # the smallest fleet the default job mix fits
+    path = tmp_path / "kept.csv"
+    path.write_text(f"# nodes: {nodes}\n# days: {days}\n" + HEADER + "\n".join(rows) + "\n")
+    trace = load_trace(path)
+    return trace, simulate(load_scenario(), trace=trace)
+
+
+def test_people_repair_a_replayed_fault_when_the_record_says_so_none_matches_the_trace(tmp_path):
+    # Hardware faults the operators repaired in 0.3 to 1.4 days: without a policy of its
+    # own, the node is back when the record's end says, not after the scenario's figures
+    # (12 h to a visit, a week away for a new machine).
+    rows = [f"n{i},{0.5 + i * 0.4:.2f},{0.8 + i * 0.5:.2f},gpu,lost,replace" for i in range(8)]
+    trace, replay = _replay(tmp_path, rows)
+    none = replay.results["none"]
+    assert none.gpu_node_availability == pytest.approx(trace.recorded_availability(), abs=5e-4)
+    assert none.actions["manual_recorded_repair"] == 8 and "manual_replace" not in none.actions
+
+
+def test_a_record_the_operators_held_offline_is_out_of_service_in_every_policy(tmp_path):
+    # A machine taken offline while a job was troubleshot, and a failed stress test: no
+    # signal on the node, yet the trace has both out for their spans, job or no job.
+    rows = ["a,1.0,2.0,unattributed,Suspect Machine Offline,", "b,2.0,2.5,fail_slow,stress,"]
+    trace, replay = _replay(tmp_path, rows, days=4)
+    for name, result in replay.results.items():
+        assert result.actions["manual_offline"] == 2, name
+        assert result.gpu_node_availability <= trace.recorded_availability() + 1e-9, name
+    assert replay.results["none"].gpu_node_availability == pytest.approx(
+        trace.recorded_availability(), abs=1e-4
+    )
+
+
+def test_a_machine_replaced_for_a_replayed_fault_is_back_from_repair_when_the_record_ends(
+    tmp_path,
+):
+    # gpuguard replaces at once and a spare fills the slot; the machine itself is away
+    # until the operators had it repaired (2 days here), not the scenario's 7-day RMA.
+    _, replay = _replay(tmp_path, ["a,1.0,3.0,hbm,DBE,replace"])
+    gpuguard = replay.results["gpuguard"]
+    assert gpuguard.actions["replace"] == 1
+    lost = (1 - gpuguard.gpu_node_availability) * 160 * 6
+    assert 1.9 < lost < 2.5  # node-days: the two recorded, plus the spare's arrival

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpuguard.sim.accounting import FaultTimes, HiddenTimes
 from gpuguard.sim.agent_view import CHECKED_SIGNALS, NodeSignals, is_application_line, kernel_line
-from gpuguard.sim.faults import HIDDEN_CLASSES, Effect, Fault, Fix
+from gpuguard.sim.faults import HIDDEN_CLASSES, OFFLINE_CLASSES, Effect, Fault, Fix
 from gpuguard.sim.fleet import Slot
 
 if TYPE_CHECKING:
@@ -35,9 +35,21 @@ class FaultProcess:
 
     def start(self, fault: Fault) -> None:
         slot = self._slots[fault.slot]
+        self._begin(slot, fault)
+        if (
+            fault.recorded_end is not None
+            and fault.cls in OFFLINE_CLASSES
+            and slot.machine is not None
+            and not slot.down
+        ):  # the trace's operators took the node offline, job or not
+            self._world.fleet.take_offline(slot, fault)
+
+    def _begin(self, slot: Slot, fault: Fault) -> None:
         # A cable or a switch fails whether or not a machine is running in the slot; it
-        # shows once one is (``show_again``).
-        if not fault.stays_with_slot and (slot.machine is None or slot.down):
+        # shows once one is (``show_again``). A replayed record happened even while an
+        # action held the node: it shows when the node is back.
+        held = slot.down and fault.recorded_end is None
+        if not fault.stays_with_slot and (slot.machine is None or held):
             self._stats.dropped_faults += 1  # no machine running there to fail
             return
         if fault.lemon and not slot.original:

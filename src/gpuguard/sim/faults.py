@@ -127,6 +127,9 @@ LOCI: dict[str, Locus] = {name: Locus.MACHINE for name in KINDS} | {
 }
 # Classes no periodic check reads reliably: only a load test (the deep suite) finds them.
 HIDDEN_CLASSES = frozenset({"sdc", "fail_slow"})
+# Replayed records no device signal shows, which the trace's operators found themselves
+# (a job troubleshot, their stress test) and held offline for the record's span.
+OFFLINE_CLASSES = frozenset({"unattributed", "fail_slow"})
 # Classes whose faults are counted as job interruptions in the published figures.
 ATTRIBUTED = frozenset(
     name for name in KINDS if name not in ("fail_slow", "unattributed", "benign")
@@ -149,6 +152,8 @@ class Fault:
     check_phase: float  # where in the agent's check period it shows (0..1)
     group: int = -1  # faults of one switch failure share a group
     locus: Locus = Locus.MACHINE  # what a replacement takes away (MACHINE) or leaves
+    # A replayed record's end: when the trace's operators had the node back, repaired.
+    recorded_end: float | None = None
 
     @property
     def stays_with_slot(self) -> bool:
@@ -342,7 +347,9 @@ def fault_from_record(
     """A fault of a replayed trace: its node, start and class as recorded; what clears it
     drawn from the scenario's shares for the class unless the record says; one that ends
     by itself (a cable, a switch) ends when the record says it did, as no policy hastens
-    it. Its locus is the record's, else the class's (``LOCI``)."""
+    it. Its locus is the record's, else the class's (``LOCI``). The recorded end is kept
+    for the people's repairs (``Fleet.request_human``) and the operators' offline holds
+    (``OFFLINE_CLASSES``), which end when the record says."""
     fix = fix if fix is not None else _fix(cls, scenario.failures, rng)
     if cls == "fail_slow" and fix is Fix.SELF:
         fix = _draw_fix(scenario.failures.fail_slow_persistent_fix, rng)
@@ -362,6 +369,7 @@ def fault_from_record(
         lemon=False,
         check_phase=float(rng.random()),
         locus=locus if locus is not None else LOCI[cls],
+        recorded_end=recorded_end,
     )
 
 

@@ -7,7 +7,7 @@ sent away for repair while a spare (or, when none is left, new capacity) takes i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -247,7 +247,10 @@ class Fleet:
         slot.tainted = slot.cordoned = slot.gpu_withdrawn = False
         books.occupied -= 1
         books.repairing += 1
-        self._events.at(now + self._fleet.repair_days * DAY, self._repaired_machine)
+        # A machine leaving with replayed records is back when the record says it was.
+        recorded = _recorded_end(gone)
+        back = max(now, recorded) if recorded is not None else now + self._fleet.repair_days * DAY
+        self._events.at(back, self._repaired_machine)
         self.refresh(slot)
         books.account(now)
         self._refill(slot)
@@ -287,15 +290,50 @@ class Fleet:
     # -- people -----------------------------------------------------------------------
 
     def request_human(self, slot: Slot) -> None:
-        """A person looks at the node after the scenario's response time. A ticket is for
-        the machine in the slot: one still pending for a machine since replaced does not
-        hold back the new machine's (its visit is dropped when it comes due)."""
+        """A person looks at the node after the scenario's response time, or, for a
+        replayed record, when the trace's operators had it repaired (its recorded end). A
+        ticket is for the machine in the slot: one still pending for a machine since
+        replaced does not hold back the new machine's (its visit is dropped when it comes
+        due)."""
         if slot.human_pending and slot.human_for == slot.machine:
             return
         slot.human_pending = True
         slot.human_for = slot.machine
-        response = self._detection.manual_response_h * HOUR
-        self._events.at(self._events.now + response, self._human, slot, slot.machine)
+        now = self._events.now
+        recorded = _recorded_end(slot.faults.values())
+        visit = max(now, recorded) if recorded is not None else None
+        if visit is None:
+            visit = now + self._detection.manual_response_h * HOUR
+        self._events.at(visit, self._human, slot, slot.machine)
+
+    # -- the trace's operators ----------------------------------------------------------
+
+    def take_offline(self, slot: Slot, fault: Fault) -> None:
+        """The trace's operators hold the node out of service for the record's span (a
+        machine suspected while a job was troubleshot, a failed stress test); it comes back
+        repaired, the fault gone, as the record's end says. A job hit by a fault with no
+        signal (it hangs) is left to it: the job fails first, then the node is suspected;
+        a job on a node failing a stress test is drained."""
+        assert fault.recorded_end is not None
+        if fault.effect is Effect.SLOW:
+            self._world.scheduler.interrupt_job(slot, cause="platform")
+        slot.down = "offline"
+        self._stats.actions["manual_offline"] += 1
+        self._events.at(max(self._events.now, fault.recorded_end), self._online, slot, fault)
+        self.refresh(slot)
+
+    def _online(self, slot: Slot, fault: Fault) -> None:
+        if slot.down != "offline" or slot.machine is None:
+            return  # replaced, or another action holds it and brings it back
+        slot.down = ""
+        faults = self._world.fault_process
+        if faults.is_current(slot, fault):
+            self._stats.detected([fault], self._events.now)
+            self._stats.removed([fault], self._events.now)
+            faults.remove(slot, [fault])
+        faults.show_again(slot)
+        self.refresh(slot)
+        self._driver.signals_changed(slot)
 
     def _human(self, slot: Slot, machine: int | None) -> None:
         if slot.human_for != machine:
@@ -303,6 +341,23 @@ class Fleet:
         slot.human_pending = False
         if slot.machine != machine or slot.down:
             return
+        now = self._events.now
+        # A replayed record over by now was repaired in place by the trace's operators.
+        done = [
+            f
+            for f in slot.faults.values()
+            if f.recorded_end is not None and f.recorded_end <= now and f.fix is not Fix.SELF
+        ]
+        if done:
+            self._stats.actions["manual_recorded_repair"] += 1
+            self._stats.detected(done, now)
+            self._stats.removed(done, now)
+            ids = {f.id for f in done}
+            slot.kernel = [k for k in slot.kernel if k[0] not in ids]
+            for f in done:
+                slot.checked.pop(f.id, None)
+            self._world.fault_process.remove(slot, done)
+            self._driver.signals_changed(slot)
         # A person repairs what needs a hand where it is: a cable, an optic, a port (a fault
         # of the position that does not end by itself) is swapped in place, the server left.
         fixed = [f for f in slot.faults.values() if f.stays_with_slot and f.fix is not Fix.SELF]
@@ -328,3 +383,14 @@ class Fleet:
             self.repair(slot, "reboot", manual=True)
         else:
             self.replace(slot, manual=True)
+
+
+def _recorded_end(faults: Iterable[Fault]) -> float | None:
+    """The latest recorded end of replayed records of the machine (not a cable's or a
+    switch's, which end by themselves), or None when it has none."""
+    ends = [
+        f.recorded_end
+        for f in faults
+        if f.recorded_end is not None and not f.stays_with_slot and f.fix is not Fix.SELF
+    ]
+    return max(ends) if ends else None
