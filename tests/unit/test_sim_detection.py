@@ -84,7 +84,7 @@ def test_gpuguard_finds_and_removes_sdc_and_fail_slow_and_the_baselines_do_not()
     assert "schedule" not in results["none"].deep_runs
     # Slow nodes taken out of the pool and corrupting ones replaced: jobs run faster and
     # redo less work.
-    assert results["gpuguard"].ettr > results["none"].ettr + 0.05
+    assert results["gpuguard"].effective > results["none"].effective + 0.05
     assert results["gpuguard"].gpu_hours["lost_work"] < results["none"].gpu_hours["lost_work"]
 
 
@@ -167,8 +167,8 @@ def test_without_the_deep_schedule_gpuguard_misses_them_too():
         assert gpuguard.hidden_faults[cls].found_by_checks == 0
         assert gpuguard.hidden_faults[cls].removed == 0
     assert gpuguard.deep_runs == {}
-    assert gpuguard.ettr == none.ettr  # nothing else fails here: the same run as no policy
-    assert gpuguard.ettr < _run()["gpuguard"].ettr
+    assert gpuguard.effective == none.effective  # nothing else fails here: as no policy
+    assert gpuguard.effective < _run()["gpuguard"].effective
 
 
 def test_the_verify_gate_catches_a_repair_that_did_not_fix_the_fault():

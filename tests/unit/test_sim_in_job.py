@@ -245,7 +245,7 @@ def test_turning_the_path_off_loses_its_detections_and_its_gain():
         # Named within minutes of onset, where the deep suite waits for an idle node.
         slower = without.hidden_faults[cls].persistent.time_to_detect_h
         assert found.time_to_detect_h.p50 < slower.p50
-    assert with_path.ettr > without.ettr
+    assert with_path.effective > without.effective
     assert with_path.gpu_hours["stalled_or_slow"] < without.gpu_hours["stalled_or_slow"]
 
 
@@ -261,7 +261,11 @@ def test_the_command_runs_the_path_off_and_side_by_side(capsys):
     assert main([*small, "--json", "--compare-in-job"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data["policies"]) == {"none", "reactive", "gpuguard", WITHOUT_IN_JOB}
-    assert set(data["in_job"]["with_vs_without"]) == {"ettr", "ettr_failed_lost", "goodput"}
+    assert set(data["in_job"]["with_vs_without"]) == {
+        "effective",
+        "effective_failed_lost",
+        "goodput",
+    }
     assert data["scenario"]["in_job"]["enabled"] is True
     assert main([*small, "--json", "--no-in-job"]) == 0
     off = json.loads(capsys.readouterr().out)

@@ -3,6 +3,8 @@ check in the ``none`` baseline, and job success counted per job, per GPU-hour an
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -105,8 +107,8 @@ def test_first_fit_gives_the_restarting_gang_s_nodes_away_and_it_runs_out_of_tim
     assert result.job_success_by_size["512+"].failed == 1
     assert result.job_success_rate == pytest.approx(8 / 9)
     assert result.job_success_by_gpu_hours == pytest.approx(8 * 24 / (8 * 24 + 64 * 10))
-    # Its saved work counts as useful in ETTR; counted as lost, ETTR is lower.
-    assert result.ettr_failed_lost < result.ettr
+    # Its saved work counts as useful; counted as lost, the effective time is lower.
+    assert result.effective_failed_lost < result.effective
 
 
 def test_gang_scheduling_keeps_the_quota_of_a_restarting_job():
@@ -114,7 +116,7 @@ def test_gang_scheduling_keeps_the_quota_of_a_restarting_job():
     assert big.state is JobState.SUCCEEDED and big.interruptions == 1
     result = summarise(engine)
     assert result.job_success_rate == 1.0
-    assert result.ettr_failed_lost == result.ettr
+    assert result.effective_failed_lost == result.effective
     # The small jobs started only once the big one had finished.
     assert min(j.first_start or 0 for j in engine.jobs[1:]) >= (big.ended_at or 0)
 
@@ -135,3 +137,31 @@ def test_the_job_size_draw_is_numpys_choice_from_the_same_stream():
     drawn = [(_draw(ours, cdf), ours.uniform(0.0, 1.0)) for _ in range(5_000)]
     assert drawn == [(int(numpys.choice(len(p), p=p)), numpys.uniform(0.0, 1.0)) for _ in drawn]
     assert {size for size, _ in drawn} == set(range(len(p)))
+
+
+def test_ettr_as_meta_defines_it_loses_the_time_since_the_checkpoint_and_the_restarts():
+    # Kokolis et al. (HPCA 2025): productive runtime over wall time. A crash 2.5 h in, with
+    # hourly checkpoints after a 15-minute start-up, throws away the 15 minutes run since
+    # the checkpoint at 2.25 h; the two start-ups are not productive either.
+    job = Job(id=0, nodes=1, work_h=3.0, arrival=0.0)
+    crash = _fault(0, 2.5 * HOUR, "application", Signal.XID_13, Fix.RESTART, Effect.CRASH)
+    result = summarise(_run(_scenario(1), [crash], [job]))
+    assert job.lost_wall_h == pytest.approx(0.25)
+    assert job.overhead_h == pytest.approx(0.5)
+    wall = (job.ended_at or 0) / HOUR - (job.first_start or 0) / HOUR
+    # Running, starting up, or back in the queue for the requeue delay (10 s).
+    assert wall - job.running_h - job.overhead_h == pytest.approx(10 / 3600)
+    assert result.ettr == pytest.approx((job.running_h - job.lost_wall_h) / wall)
+
+
+def test_a_slow_gpu_s_time_is_productive_for_ettr_and_lost_for_the_effective_time():
+    # Half speed for the whole run: Meta's ETTR sees a job that never stopped; gpuguard's
+    # stricter figure counts the work a healthy GPU would have done in that time.
+    job = Job(id=0, nodes=1, work_h=2.0, arrival=0.0)
+    slow = dataclasses.replace(
+        _fault(0, 0.0, "fail_slow", Signal.NOTHING, Fix.REPLACE, Effect.SLOW), slowdown=0.5
+    )
+    result = summarise(_run(_scenario(1), [slow], [job]))
+    assert job.interruptions == 0
+    assert result.ettr > 0.85  # only the first start-up is lost
+    assert result.effective == pytest.approx(result.ettr / 2, rel=0.02)

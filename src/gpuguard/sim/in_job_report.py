@@ -82,7 +82,7 @@ def goals(simulation: Simulation) -> dict[str, object]:
                 "with": sum(getattr(r, metric) for r in results) / len(results),
                 "without": sum(getattr(r, metric) for r in without) / len(without),
             }
-            for metric in ("ettr", "ettr_failed_lost", "goodput")
+            for metric in ("effective", "effective_failed_lost", "goodput")
         }
     return data
 
@@ -130,8 +130,8 @@ def lines(simulation: Simulation) -> list[str]:
         parts = [
             f"{label} {v['with']:.4f} vs {v['without']:.4f}"
             for label, v in (
-                ("ETTR", compared["ettr"]),
-                ("ETTR (failed job's work lost)", compared["ettr_failed_lost"]),
+                ("effective training time", compared["effective"]),
+                ("the same, a failed job's work lost", compared["effective_failed_lost"]),
                 ("goodput", compared["goodput"]),
             )
         ]

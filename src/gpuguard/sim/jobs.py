@@ -47,6 +47,7 @@ class Job:
     interruptions: int = 0
     attributed_interruptions: int = 0  # caused by a fault of a class the literature counts
     lost_h: float = 0.0  # work rolled back
+    lost_wall_h: float = 0.0  # wall hours run since the last checkpoint when interrupted
     overhead_h: float = 0.0  # wall hours spent restarting
     deep_wait_h: float = 0.0  # wall hours placed but waiting for a deep run to end
     running_h: float = 0.0  # wall hours in productive stretches

@@ -18,6 +18,7 @@ from gpuguard.sim.sweep import METRICS, Interval
 
 TARGET_AVAILABILITY = 0.9995
 TARGET_JOB_SUCCESS = 0.995
+RATIOS = ("ettr", "effective", "goodput")  # shown as ratios, not percentages
 
 
 def _pct(value: float) -> str:
@@ -38,8 +39,9 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             (f"  jobs of {label} GPUs: rate (failed / ended)", _size_cell(label))
             for _, label in SIZE_CLASSES
         ),
-        ("ETTR", lambda r: f"{r.ettr:.4f}"),
-        ("ETTR, a failed job's work lost", lambda r: f"{r.ettr_failed_lost:.4f}"),
+        ("ETTR (Meta: productive runtime / wall)", lambda r: f"{r.ettr:.4f}"),
+        ("effective training time (slow time lost)", lambda r: f"{r.effective:.4f}"),
+        ("  the same, a failed job's work lost", lambda r: f"{r.effective_failed_lost:.4f}"),
         ("goodput (useful / all GPU-hours)", lambda r: f"{r.goodput:.4f}"),
         ("MTTR, fault to back in service (h)", lambda r: f"{r.mttr_hours:.2f}"),
         (
@@ -168,7 +170,7 @@ def _lost(result: PolicyResult) -> float:
 
 def _cell(interval: Interval | None, metric: str) -> str:
     scale, digits = (1.0, 2) if metric == "mttr_hours" else (100.0, 3)
-    if metric.startswith(("ettr", "goodput")):
+    if metric.startswith(RATIOS):
         scale, digits = 1.0, 4
     return _interval(interval, scale, digits)
 
@@ -184,9 +186,7 @@ def _interval(interval: Interval | None, scale: float, digits: int) -> str:
 
 
 def _label(metric: str) -> str:
-    unit = (
-        " (h)" if metric == "mttr_hours" else "" if metric.startswith(("ettr", "goodput")) else " %"
-    )
+    unit = " (h)" if metric == "mttr_hours" else "" if metric.startswith(RATIOS) else " %"
     return metric.replace("_", " ") + unit
 
 

@@ -76,8 +76,9 @@ class PolicyResult:
     # Ended jobs weighted by their work (GPU-hours at full speed), and by size class.
     job_success_by_gpu_hours: float
     job_success_by_size: dict[str, SizeOutcome]
-    ettr: float
-    ettr_failed_lost: float  # a failed job's work counts as lost, its wall time stays
+    ettr: float  # Meta's: productive runtime / wall time (a slow GPU's time is productive)
+    effective: float  # gpuguard's stricter: work done at full speed / wall time
+    effective_failed_lost: float  # the same, a failed job's work lost (its wall time stays)
     goodput: float
     mttr_hours: float
     false_drains_per_node_day: float
@@ -116,7 +117,8 @@ class PolicyResult:
             "job_success_by_gpu_hours": self.job_success_by_gpu_hours,
             "job_success_by_size": {k: v.to_dict() for k, v in self.job_success_by_size.items()},
             "ettr": self.ettr,
-            "ettr_failed_work_lost": self.ettr_failed_lost,
+            "effective_training_time": self.effective,
+            "effective_training_time_failed_work_lost": self.effective_failed_lost,
             "goodput": self.goodput,
             "mttr_hours": self.mttr_hours,
             "false_drains_per_node_day": self.false_drains_per_node_day,
@@ -278,6 +280,7 @@ def summarise(engine: Engine) -> PolicyResult:
     started = [job for job in jobs if job.first_start is not None]
     useful = sum(job.saved_h * job.nodes for job in started)
     kept = sum(job.saved_h * job.nodes for job in started if job.state is not JobState.FAILED)
+    productive = sum((job.running_h - job.lost_wall_h) * job.nodes for job in started)
     wall = sum(
         ((job.ended_at if job.ended_at is not None else engine.horizon) - job.first_start)
         / HOUR
@@ -311,8 +314,9 @@ def summarise(engine: Engine) -> PolicyResult:
         job_success_rate=job_success_rate(succeeded, failed),
         job_success_by_gpu_hours=_success_by_work(jobs),
         job_success_by_size=_success_by_size(jobs),
-        ettr=ratio(useful, wall),
-        ettr_failed_lost=ratio(kept, wall),
+        ettr=ratio(productive, wall),
+        effective=ratio(useful, wall),
+        effective_failed_lost=ratio(kept, wall),
         goodput=ratio(useful, fleet_node_hours),
         mttr_hours=statistics.fmean(repaired) if repaired else 0.0,
         false_drains_per_node_day=stats.false_drains / (nodes * scenario.days),

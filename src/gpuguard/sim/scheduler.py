@@ -291,8 +291,10 @@ class Scheduler:
         elif job.state is JobState.RUNNING:
             interval = self._jobs.checkpoint_interval_min * 60.0
             good = min(now, rollback_to if rollback_to is not None else now)
-            saved = job.progress_at(job.last_checkpoint(max(good, job.segment_start), interval))
+            checkpoint = job.last_checkpoint(max(good, job.segment_start), interval)
+            saved = job.progress_at(checkpoint)
             job.lost_h += job.progress_at(now) - saved
+            job.lost_wall_h += (now - checkpoint) / HOUR  # a hang's time included
             job.saved_h = saved
             job.running_h += (now - job.segment_start) / HOUR
         else:

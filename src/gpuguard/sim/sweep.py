@@ -80,7 +80,8 @@ METRICS: dict[str, Callable[[PolicyResult], float | None]] = {
     "job_success_by_gpu_hours": lambda r: r.job_success_by_gpu_hours,
     **{f"job_success_{label}_gpus": _size(label) for _, label in SIZE_CLASSES[1:]},
     "ettr": lambda r: r.ettr,
-    "ettr_failed_work_lost": lambda r: r.ettr_failed_lost,
+    "effective_training_time": lambda r: r.effective,
+    "effective_training_time_failed_work_lost": lambda r: r.effective_failed_lost,
     "goodput": lambda r: r.goodput,
     "mttr_hours": lambda r: r.mttr_hours,
 }
