@@ -152,6 +152,12 @@ def test_ettr_as_meta_defines_it_loses_the_time_since_the_checkpoint_and_the_res
     # Running, starting up, or back in the queue for the requeue delay (10 s).
     assert wall - job.running_h - job.overhead_h == pytest.approx(10 / 3600)
     assert result.ettr == pytest.approx((job.running_h - job.lost_wall_h) / wall)
+    # Google's runtime goodput: productive runtime over the time the job held its node.
+    held = job.running_h + job.overhead_h
+    assert result.ml_goodput.runtime == pytest.approx((job.running_h - job.lost_wall_h) / held)
+    assert result.ml_goodput.scheduling == pytest.approx(held / wall)
+    # One interruption over the node-days the job held (Meta's normalisation).
+    assert result.interruptions_per_1000_node_days == pytest.approx(1000 / (held / 24))
 
 
 def test_a_slow_gpu_s_time_is_productive_for_ettr_and_lost_for_the_effective_time():
@@ -165,3 +171,8 @@ def test_a_slow_gpu_s_time_is_productive_for_ettr_and_lost_for_the_effective_tim
     assert job.interruptions == 0
     assert result.ettr > 0.85  # only the first start-up is lost
     assert result.effective == pytest.approx(result.ettr / 2, rel=0.02)
+    # Google's ML goodput puts the slowness in its program factor; the product of the
+    # three is the effective training time.
+    goodput = result.ml_goodput
+    assert goodput.program == pytest.approx(0.5, rel=0.01)
+    assert goodput.scheduling * goodput.runtime * goodput.program == pytest.approx(result.effective)

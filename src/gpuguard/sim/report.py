@@ -14,11 +14,11 @@ from collections.abc import Callable
 from gpuguard.sim import in_job_report
 from gpuguard.sim.results import SIZE_CLASSES, PolicyResult
 from gpuguard.sim.run import Simulation
-from gpuguard.sim.sweep import METRICS, Interval
+from gpuguard.sim.sweep import METRICS, NOT_SHARES, Interval
 
 TARGET_AVAILABILITY = 0.9995
 TARGET_JOB_SUCCESS = 0.995
-RATIOS = ("ettr", "effective", "goodput")  # shown as ratios, not percentages
+RATIOS = ("ettr", "effective", "goodput", "ml_goodput")  # shown as ratios, not percentages
 
 
 def _pct(value: float) -> str:
@@ -42,7 +42,14 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
         ("ETTR (Meta: productive runtime / wall)", lambda r: f"{r.ettr:.4f}"),
         ("effective training time (slow time lost)", lambda r: f"{r.effective:.4f}"),
         ("  the same, a failed job's work lost", lambda r: f"{r.effective_failed_lost:.4f}"),
-        ("goodput (useful / all GPU-hours)", lambda r: f"{r.goodput:.4f}"),
+        (
+            "ML goodput (Google): scheduling / runtime / program",
+            lambda r: " / ".join(
+                f"{v:.4f}"
+                for v in (r.ml_goodput.scheduling, r.ml_goodput.runtime, r.ml_goodput.program)
+            ),
+        ),
+        ("fleet goodput (useful / all GPU-hours)", lambda r: f"{r.goodput:.4f}"),
         ("MTTR, fault to back in service (h)", lambda r: f"{r.mttr_hours:.2f}"),
         (
             "time to detect p50 / p90 (min)",
@@ -74,6 +81,11 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
         ("  of which jobs waiting for deep runs", lambda r: f"{r.gpu_hours['deep_run_wait']:,.0f}"),
         ("GPU-hours out of service", lambda r: f"{r.gpu_hours['out_of_service']:,.0f}"),
         ("job interruptions", lambda r: str(r.interruptions)),
+        (
+            "  per 1,000 node-days of the jobs",
+            lambda r: f"{r.interruptions_per_1000_node_days:.2f}",
+        ),
+        ("job MTTF (h) by nodes", _mttf_cell),
         ("disruptive actions", lambda r: str(sum(r.actions.values()))),
         (
             "  kill job / drain",
@@ -159,6 +171,11 @@ def _hidden(result: PolicyResult, cls: str) -> str:
     return f"{faults.found_by_checks}{by_jobs} / {faults.faults}"
 
 
+def _mttf_cell(result: PolicyResult) -> str:
+    """Hours on the nodes per interruption, by job size (nodes: hours)."""
+    return ", ".join(f"{n}: {h:,.0f}" for n, h in result.job_mttf_h.items()) or "-"
+
+
 def _minutes(p50_h: float, p90_h: float) -> str:
     return f"{60 * p50_h:.1f} / {60 * p90_h:.1f}"
 
@@ -169,7 +186,7 @@ def _lost(result: PolicyResult) -> float:
 
 
 def _cell(interval: Interval | None, metric: str) -> str:
-    scale, digits = (1.0, 2) if metric == "mttr_hours" else (100.0, 3)
+    scale, digits = (1.0, 2) if metric in NOT_SHARES else (100.0, 3)
     if metric.startswith(RATIOS):
         scale, digits = 1.0, 4
     return _interval(interval, scale, digits)
@@ -186,7 +203,10 @@ def _interval(interval: Interval | None, scale: float, digits: int) -> str:
 
 
 def _label(metric: str) -> str:
-    unit = " (h)" if metric == "mttr_hours" else "" if metric.startswith(RATIOS) else " %"
+    if metric == "mttr_hours":
+        unit = " (h)"
+    else:
+        unit = "" if metric.startswith(RATIOS) or metric in NOT_SHARES else " %"
     return metric.replace("_", " ") + unit
 
 

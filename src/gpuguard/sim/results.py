@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from gpuguard.sim.engine import BIN_S, Engine, FaultTimes, HiddenTimes
 from gpuguard.sim.faults import HIDDEN_CLASSES, HOUR, Fault, Fix
@@ -67,6 +67,30 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass(frozen=True)
+class MlGoodput:
+    """Google's ML productivity goodput of the jobs, node-weighted: **scheduling** (time
+    holding the nodes over the job's wall time), **runtime** (productive runtime over the
+    time holding them) and **program** (work done at the job's healthy pace over its
+    productive runtime: slow GPUs and checkpoint saves lower it). Their product is the
+    effective training time (docs/simulator.md, "Definitions")."""
+
+    scheduling: float
+    runtime: float
+    program: float
+
+    @classmethod
+    def of(cls, started: list[Job], horizon: float) -> MlGoodput:
+        wall = holding = productive = useful = 0.0
+        for job in started:
+            end = job.ended_at if job.ended_at is not None else horizon
+            wall += (end - (job.first_start or 0.0)) / HOUR * job.nodes
+            holding += (job.running_h + job.overhead_h + job.deep_wait_h) * job.nodes
+            productive += (job.running_h - job.lost_wall_h) * job.nodes
+            useful += job.saved_h * job.nodes
+        return cls(ratio(holding, wall), ratio(productive, holding), ratio(useful, productive))
+
+
 @dataclass
 class PolicyResult:
     policy: str
@@ -79,7 +103,9 @@ class PolicyResult:
     ettr: float  # Meta's: productive runtime / wall time (a slow GPU's time is productive)
     effective: float  # gpuguard's stricter: work done at full speed / wall time
     effective_failed_lost: float  # the same, a failed job's work lost (its wall time stays)
-    goodput: float
+    goodput: float  # useful GPU-hours / all the fleet's GPU-hours, idle ones included
+    # Google's ML goodput of the jobs, its three factors (their product is ``effective``).
+    ml_goodput: MlGoodput
     mttr_hours: float
     false_drains_per_node_day: float
     time_to_detect_h: Distribution
@@ -94,6 +120,7 @@ class PolicyResult:
     job_mttf_h: dict[int, float]
     attributed_job_mttf_h: dict[int, float]
     interruptions: int
+    interruptions_per_1000_node_days: float  # of the jobs' nodes (Meta's normalisation)
     faults: int
     decide_calls: int
     availability_by_day: list[float]
@@ -120,6 +147,7 @@ class PolicyResult:
             "effective_training_time": self.effective,
             "effective_training_time_failed_work_lost": self.effective_failed_lost,
             "goodput": self.goodput,
+            "ml_goodput": asdict(self.ml_goodput),
             "mttr_hours": self.mttr_hours,
             "false_drains_per_node_day": self.false_drains_per_node_day,
             "time_to_detect_hours": self.time_to_detect_h.to_dict(),
@@ -133,6 +161,7 @@ class PolicyResult:
             "job_failures": self.job_failures,
             "job_mttf_hours_by_nodes": {str(k): v for k, v in self.job_mttf_h.items()},
             "job_interruptions": self.interruptions,
+            "job_interruptions_per_1000_node_days": self.interruptions_per_1000_node_days,
             "faults": self.faults,
             "decide_calls": self.decide_calls,
             "hidden_faults": {k: v.to_dict() for k, v in self.hidden_faults.items()},
@@ -318,6 +347,7 @@ def summarise(engine: Engine) -> PolicyResult:
         effective=ratio(useful, wall),
         effective_failed_lost=ratio(kept, wall),
         goodput=ratio(useful, fleet_node_hours),
+        ml_goodput=MlGoodput.of(started, engine.horizon),
         mttr_hours=statistics.fmean(repaired) if repaired else 0.0,
         false_drains_per_node_day=stats.false_drains / (nodes * scenario.days),
         time_to_detect_h=Distribution.of(
@@ -344,6 +374,7 @@ def summarise(engine: Engine) -> PolicyResult:
         job_mttf_h=_mttf(engine, attributed=False),
         attributed_job_mttf_h=_mttf(engine, attributed=True),
         interruptions=sum(job.interruptions for job in jobs),
+        interruptions_per_1000_node_days=_interruption_rate(jobs),
         faults=len(engine.faults) - stats.dropped_faults,
         decide_calls=stats.decide_calls,
         availability_by_day=_daily(engine),
@@ -446,6 +477,13 @@ def _found_by(faults: list[tuple[HiddenTimes, Fault]]) -> FoundBy:
 def _with_start(engine: Engine) -> list[tuple[FaultTimes, float]]:
     by_id = {fault.id: fault.start for fault in engine.faults}
     return [(times, by_id[fault_id]) for fault_id, times in engine.stats.fault_times.items()]
+
+
+def _interruption_rate(jobs: list[Job]) -> float:
+    """Job interruptions per 1,000 node-days the jobs held (running or starting up)."""
+    node_days = sum((job.running_h + job.overhead_h) * job.nodes for job in jobs) / 24
+    interruptions = sum(job.interruptions for job in jobs)
+    return 1000 * interruptions / node_days if node_days > 0 else 0.0
 
 
 def _mttf(engine: Engine, *, attributed: bool) -> dict[int, float]:

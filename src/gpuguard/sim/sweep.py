@@ -73,6 +73,7 @@ def _size(label: str) -> Callable[[PolicyResult], float | None]:
 
 # The figures given with an interval; a seed where a figure is undefined (no 512+ job
 # ended) leaves it out.
+NOT_SHARES = ("mttr_hours", "job_interruptions_per_1000_node_days")  # not in [0, 1]
 METRICS: dict[str, Callable[[PolicyResult], float | None]] = {
     "gpu_node_availability": lambda r: r.gpu_node_availability,
     "slot_availability": lambda r: r.slot_availability,
@@ -83,7 +84,11 @@ METRICS: dict[str, Callable[[PolicyResult], float | None]] = {
     "effective_training_time": lambda r: r.effective,
     "effective_training_time_failed_work_lost": lambda r: r.effective_failed_lost,
     "goodput": lambda r: r.goodput,
+    "ml_goodput_scheduling": lambda r: r.ml_goodput.scheduling,
+    "ml_goodput_runtime": lambda r: r.ml_goodput.runtime,
+    "ml_goodput_program": lambda r: r.ml_goodput.program,
     "mttr_hours": lambda r: r.mttr_hours,
+    "job_interruptions_per_1000_node_days": lambda r: r.interruptions_per_1000_node_days,
 }
 
 
@@ -92,5 +97,5 @@ def intervals(results: list[PolicyResult]) -> dict[str, Interval | None]:
     out: dict[str, Interval | None] = {}
     for name, metric in METRICS.items():
         values = [v for v in (metric(r) for r in results) if v is not None]
-        out[name] = Interval.of(values, share=name != "mttr_hours") if values else None
+        out[name] = Interval.of(values, share=name not in NOT_SHARES) if values else None
     return out
