@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run gpuguard without the in-job path, side by side",
     )
+    parser.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also run one assumption changed per row (retry budget, checkpoints, restart"
+        " overhead, in-job false verdicts and adoption, fabric blast radius, fault rate, fleet"
+        " age) over the same seeds, on every core",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--html", type=Path, metavar="PATH", help="write the HTML report here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

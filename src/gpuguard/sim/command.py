@@ -12,6 +12,9 @@ from gpuguard.sim.html import render
 from gpuguard.sim.report import report_data, table
 from gpuguard.sim.run import POLICIES, WITHOUT_IN_JOB, remediation_policy, simulate
 from gpuguard.sim.scenario import load_scenario
+from gpuguard.sim.sensitivity import sensitivity
+from gpuguard.sim.sensitivity import table as sensitivity_table
+from gpuguard.sim.sensitivity import to_dict as sensitivity_dict
 from gpuguard.sim.trace import load_trace
 
 
@@ -30,6 +33,14 @@ class _Progress:
         bar = "#" * filled + "." * (30 - filled)
         end = "\n" if fraction >= 1.0 else ""
         print(f"\r{policy:<9} [{bar}] {100 * fraction:3.0f}%", end=end, file=sys.stderr, flush=True)
+
+
+class _Count:
+    """Runs done of the sensitivity rows, on one line of stderr."""
+
+    def __call__(self, done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\rsensitivity {done}/{total} runs", end=end, file=sys.stderr, flush=True)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -54,16 +65,25 @@ def run_simulate(args: argparse.Namespace) -> int:
             seeds=args.trace_seeds,
             trace=trace,
         )
+    rows = None
+    if args.sensitivity:
+        count = _Count() if show else None
+        rows = sensitivity(scenario, policy, seeds=args.seeds, policies=policies, progress=count)
+    seeds = simulation.seeds
     if args.json:
         data = report_data(simulation)
         data["trace_replay"] = report_data(replay) if replay is not None else None
+        data["sensitivity"] = sensitivity_dict(rows, seeds) if rows is not None else None
         print(json.dumps(data, indent=2))
     else:
         print(table(simulation) + (f"\n\n{table(replay)}" if replay is not None else ""))
+        if rows is not None:
+            print(f"\n{sensitivity_table(rows, seeds)}")
     if args.html is not None:
         try:
             args.html.parent.mkdir(parents=True, exist_ok=True)
-            args.html.write_text(render(simulation, replay))
+            shown = sensitivity_table(rows, seeds) if rows is not None else None
+            args.html.write_text(render(simulation, replay, shown))
         except OSError as exc:
             raise ConfigError(f"--html {args.html}: cannot write: {exc.strerror}") from None
         print(f"HTML report: {args.html.resolve()}", file=sys.stderr if args.json else sys.stdout)

@@ -275,7 +275,9 @@ def _sections(simulation: Simulation) -> list[tuple[str, str]]:
     ]
 
 
-def render(simulation: Simulation, replay: Simulation | None = None) -> str:
+def render(
+    simulation: Simulation, replay: Simulation | None = None, sensitivity: str | None = None
+) -> str:
     scenario = simulation.scenario
     sections = _sections(simulation)
     parts = [
@@ -295,6 +297,11 @@ def render(simulation: Simulation, replay: Simulation | None = None) -> str:
     ]
     for title, svg in sections:
         parts.append(f"<h2>{html.escape(title)}</h2>{svg}")
+    if sensitivity is not None:
+        parts += [
+            "<h2>What each assumption moves (one changed per row)</h2>",
+            f"<pre>{html.escape(sensitivity)}</pre>",
+        ]
     if replay is not None and replay.trace is not None:
         trace = replay.trace
         parts += [
