@@ -176,3 +176,17 @@ def test_a_slow_gpu_s_time_is_productive_for_ettr_and_lost_for_the_effective_tim
     goodput = result.ml_goodput
     assert goodput.program == pytest.approx(0.5, rel=0.01)
     assert goodput.scheduling * goodput.runtime * goodput.program == pytest.approx(result.effective)
+
+
+@pytest.mark.parametrize(("noticed_h", "visits"), [(72.0, 1), (None, 0)])
+def test_people_notice_a_slow_node_under_a_job_after_the_scenario_s_delay(noticed_h, visits):
+    # No check in `none` reads a slow GPU, but the job's owners see their job crawl: after
+    # `slow_noticed_h` they file a ticket and a person replaces the machine (null: never).
+    scenario = _scenario(1, days=8.0, detection={"slow_noticed_h": noticed_h})
+    job = Job(id=0, nodes=1, work_h=150.0, arrival=0.0)
+    slow = dataclasses.replace(
+        _fault(0, 0.0, "fail_slow", Signal.NOTHING, Fix.REPLACE, Effect.SLOW), slowdown=0.5
+    )
+    engine = _run(scenario, [slow], [job])
+    assert engine.stats.actions.get("manual_replace", 0) == visits
+    assert bool(engine.slots[0].faults) is (visits == 0)

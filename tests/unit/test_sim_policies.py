@@ -179,6 +179,10 @@ def test_json_has_the_documented_shape(capsys, tmp_path):
     assert data["trace_replay"] is None
     html = report.read_text()
     assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 6
+    # The answer first (the summary before any plot), the full text report last.
+    assert html.index('<table class="summary">') < html.index("<svg")
+    assert html.rindex("<svg") < html.index('<pre class="wide">')
+    assert "512+ GPU jobs succeeded" in html and "ETTR (Meta)" in html
     for cls in ("fail_slow", "sdc"):
         found = data["in_job"][cls]
         parts = ("found_in_job", "found_by_deep_suite", "found_by_passive_telemetry", "missed")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpuguard.sim.accounting import FaultTimes, HiddenTimes
 from gpuguard.sim.agent_view import CHECKED_SIGNALS, NodeSignals, is_application_line, kernel_line
-from gpuguard.sim.faults import HIDDEN_CLASSES, OFFLINE_CLASSES, Effect, Fault, Fix
+from gpuguard.sim.faults import HIDDEN_CLASSES, HOUR, OFFLINE_CLASSES, Effect, Fault, Fix
 from gpuguard.sim.fleet import Slot
 
 if TYPE_CHECKING:
@@ -43,6 +43,22 @@ class FaultProcess:
             and not slot.down
         ):  # the trace's operators took the node offline, job or not
             self._world.fleet.take_offline(slot, fault)
+
+    def _arm_notice(self, slot: Slot, fault: Fault) -> None:
+        """People notice a persistently slow node through the job on it, in time."""
+        delay = self._detection.slow_noticed_h
+        if delay is None or fault.effect is not Effect.SLOW or fault.fix is Fix.SELF:
+            return
+        self._events.at(self._events.now + delay * HOUR, self._noticed, slot, fault)
+
+    def _noticed(self, slot: Slot, fault: Fault) -> None:
+        if not self.is_current(slot, fault) or slot.machine is None:
+            return
+        if slot.job is None or slot.down:  # nobody's job is slow here now: look again later
+            self._arm_notice(slot, fault)
+            return
+        self._stats.detected([fault], self._events.now)
+        self._world.fleet.request_human(slot)
 
     def _begin(self, slot: Slot, fault: Fault) -> None:
         # A cable or a switch fails whether or not a machine is running in the slot; it
@@ -77,6 +93,7 @@ class FaultProcess:
             at(fault.start + delay, self._show_checked, slot, fault)
         if fault.end is not None:
             at(fault.end, self._end, slot, fault)
+        self._arm_notice(slot, fault)
         self._world.scheduler.hit(slot, fault)
         self._world.fleet.refresh(slot)
         if self.on_start is not None:

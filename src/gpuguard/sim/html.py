@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import html
 import math
+import statistics
 from collections.abc import Sequence
 
 from gpuguard.sim import in_job_report
-from gpuguard.sim.report import table
+from gpuguard.sim.report import gpu_hours_lost, table
 from gpuguard.sim.results import GPU_HOUR_KINDS, SIZE_CLASSES
 from gpuguard.sim.run import WITHOUT_IN_JOB, Simulation
+from gpuguard.sim.sweep import Interval
 
 COLOURS = {
     "none": "#8c8c8c",
@@ -275,6 +277,47 @@ def _sections(simulation: Simulation) -> list[tuple[str, str]]:
     ]
 
 
+# The summary's rows: (label, metric over the seeds, shown as a percentage).
+SUMMARY = (
+    ("job success by GPU-hour", "job_success_by_gpu_hours", True),
+    ("512+ GPU jobs succeeded", "job_success_512+_gpus", True),
+    ("ETTR (Meta)", "ettr", False),
+    ("effective training time", "effective_training_time", False),
+    ("GPU availability (physical)", "gpu_node_availability", True),
+    ("MTTR (h)", "mttr_hours", False),  # not a share: its interval is not clipped
+)
+
+
+def _summary_cell(interval: Interval | None, percent: bool) -> str:
+    if interval is None:
+        return "-"
+    scale, digits = (100.0, 2) if percent else (1.0, 3)
+    shown = f"{scale * interval.mean:.{digits}f}{' %' if percent else ''}"
+    if not math.isfinite(interval.low):
+        return shown
+    low, high = scale * interval.low, scale * interval.high
+    return f"{shown}<br><small>[{low:.{digits}f}, {high:.{digits}f}]</small>"
+
+
+def summary(simulation: Simulation) -> str:
+    """The answer first: the headline figures per policy, mean and 95 % interval."""
+    names = list(simulation.results)
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in names)
+    rows = []
+    for label, metric, percent in SUMMARY:
+        cells = "".join(
+            f"<td>{_summary_cell(simulation.over_seeds(name)[metric], percent)}</td>"
+            for name in names
+        )
+        rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
+    lost = "".join(
+        f"<td>{statistics.fmean(gpu_hours_lost(r) for r in simulation.every_seed(name)):,.0f}</td>"
+        for name in names
+    )
+    rows.append(f"<tr><th>GPU-hours lost (work, restarts, stalls), per seed</th>{lost}</tr>")
+    return f'<table class="summary"><tr><th></th>{head}</tr>{"".join(rows)}</table>'
+
+
 def render(
     simulation: Simulation, replay: Simulation | None = None, sensitivity: str | None = None
 ) -> str:
@@ -286,14 +329,19 @@ def render(
         f"<title>gpuguard simulation: {html.escape(scenario.name)}</title>",
         "<style>body{font-family:sans-serif;max-width:780px;margin:2em auto;color:#222}"
         "pre{background:#f7f7f7;padding:1em;overflow-x:auto;font-size:12px}"
-        "h2{font-size:1.1em;margin-top:2em}</style></head><body>",
+        "h2{font-size:1.1em;margin-top:2em}"
+        "table.summary{border-collapse:collapse;margin:1em 0}"
+        "table.summary td,table.summary th{border:1px solid #ddd;padding:4px 10px;"
+        "text-align:right}table.summary th{background:#f7f7f7}"
+        ".wide{width:96vw;position:relative;left:50%;transform:translateX(-50%)}"
+        "</style></head><body>",
         f"<h1>gpuguard fleet simulation: {html.escape(scenario.name)}</h1>",
         f"<p>{scenario.fleet.nodes} nodes of 8 GPUs, {scenario.days:g} days, seeds"
         f" {', '.join(map(str, simulation.seeds))}. Every policy saw the same failures and the"
         " same jobs in each seed. The gpuguard"
         " run is the controller's own policy code (<code>remediation.decide</code>) fed by"
         " the agent's own parsers and rules.</p>",
-        f"<pre>{html.escape(table(simulation))}</pre>",
+        summary(simulation),
     ]
     for title, svg in sections:
         parts.append(f"<h2>{html.escape(title)}</h2>{svg}")
@@ -311,9 +359,13 @@ def render(
             " \u201cReplaying a fault trace\u201d). The three policies ran on the trace's"
             " faults; \u201cas recorded\u201d is the trace's own operations: the downtime it"
             " recorded.</p>",
-            f"<pre>{html.escape(table(replay))}</pre>",
+            summary(replay),
         ]
         for title, svg in _sections(replay)[:2]:
             parts.append(f"<h2>{html.escape(title)} (trace)</h2>{svg}")
+    parts.append("<h2>The full report</h2>")
+    parts.append(f'<pre class="wide">{html.escape(table(simulation))}</pre>')
+    if replay is not None:
+        parts.append(f'<pre class="wide">{html.escape(table(replay))}</pre>')
     parts.append("</body></html>")
     return "\n".join(parts)

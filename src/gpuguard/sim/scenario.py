@@ -158,6 +158,13 @@ class Detection(_Strict):
     watchdog_min: Positive = Field(default=10.0, description="NCCL watchdog: a hung job dies")
     sdc_detection_h: Positive = Field(default=24.0, description="Until a loss spike shows SDC")
     manual_response_h: Positive = Field(default=12.0, description="Until a human acts")
+    slow_noticed_h: Positive | None = Field(
+        default=72.0,
+        description=(
+            "Until a job's owners notice a persistently slow node under their job and file a"
+            " ticket, in every run (null: never)"
+        ),
+    )
     device_plugin_health_check: bool = Field(
         default=True,
         description=(

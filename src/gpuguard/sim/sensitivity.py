@@ -45,6 +45,8 @@ CHANGES: tuple[Change, ...] = (
     Change("hardware fault rate x0.5", {"failures": {"rate_multiplier": 0.5}}),
     Change("hardware fault rate x1.715 (RSC-1)", {"failures": {"rate_multiplier": 1.715}}),
     Change("a new fleet (age 0 days)", {"fleet": {"age_days": 0}}),
+    Change("slow nodes noticed by people in 24 h", {"detection": {"slow_noticed_h": 24}}),
+    Change("slow nodes never noticed by people", {"detection": {"slow_noticed_h": None}}),
 )
 
 # What each row reports, per policy: (key, label, as a percentage).
