@@ -35,7 +35,7 @@ def _one_job_scenario(nodes: int, **in_job: object) -> Scenario:
     data["jobs"]["mix"] = [{"nodes": nodes, "share": 1, "hours": [20, 20]}]
     data["deep_checks"]["interval_h"] = None  # nothing but the in-job path looks
     data["detection"]["manual_response_h"] = 1000
-    data["in_job"].update(in_job)
+    data["in_job"].update({"adoption": 1.0, **in_job})  # the path itself, on every job
     return build_scenario(data, "test")
 
 

@@ -24,7 +24,7 @@ def test_every_row_runs_on_every_core_and_the_base_row_is_the_plain_run():
         shown = rows[0].figures[name]["ettr"]
         assert shown is not None and shown.values == plain.over_seeds(name)["ettr"].values
     # The in-job inputs are gpuguard's alone: the baselines' rows stay as the base's.
-    adoption = next(row for row in rows if row.change.label == "in-job adoption 0.5")
+    adoption = next(row for row in rows if row.change.label == "in-job adoption 0.25")
     for name in ("none", "reactive"):
         assert adoption.figures[name] == rows[0].figures[name]
 

@@ -203,7 +203,7 @@ class InJob(_Strict):
 
     enabled: bool = Field(default=True, description="The in-job path runs (false: deep suite only)")
     adoption: Share = Field(
-        default=1.0, description="Share of jobs launched with the training-side telemetry"
+        default=0.5, description="Share of jobs launched with the training-side telemetry"
     )
     ranks_per_node: int = Field(
         default=8, ge=1, description="A job's processes per node (one per GPU, as torchrun)"
@@ -265,7 +265,11 @@ class InJob(_Strict):
         description="Chance that one probe round shows a corrupting GPU's wrong passes",
     )
     false_verdicts_per_node_day: NonNegative = Field(
-        default=0.0, description="Healthy ranks named slow, per node-day of running jobs"
+        default=0.0003,
+        description=(
+            "Healthy ranks named slow, per node-day of running jobs (measured:"
+            " bench/in_job_false_verdicts.py)"
+        ),
     )
     passive: bool = Field(default=True, description="The agent compares clocks under load")
 

@@ -36,10 +36,13 @@ CHANGES: tuple[Change, ...] = (
     Change("checkpoints every 120 min", {"jobs": {"checkpoint_interval_min": 120}}),
     Change("restart overhead 5 min", {"jobs": {"restart_overhead_min": 5}}),
     Change("restart overhead 30 min", {"jobs": {"restart_overhead_min": 30}}),
+    Change("in-job false verdicts 0", {"in_job": {"false_verdicts_per_node_day": 0.0}}),
     Change(
-        "in-job false verdicts 0.001/node-day", {"in_job": {"false_verdicts_per_node_day": 0.001}}
+        "in-job false verdicts 0.0015 (bound)",
+        {"in_job": {"false_verdicts_per_node_day": 0.0015}},
     ),
-    Change("in-job adoption 0.5", {"in_job": {"adoption": 0.5}}),
+    Change("in-job adoption 0.25", {"in_job": {"adoption": 0.25}}),
+    Change("in-job adoption 1.0 (every job)", {"in_job": {"adoption": 1.0}}),
     Change("fabric faults node-local (1 per rack)", {"fleet": {"nodes_per_rack": 1}}),
     Change("fabric faults take 32 nodes", {"fleet": {"nodes_per_rack": 32}}),
     Change("hardware fault rate x0.5", {"failures": {"rate_multiplier": 0.5}}),
