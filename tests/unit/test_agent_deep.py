@@ -358,6 +358,8 @@ def test_hung_suite_fails_the_gpu_layer_closed_and_the_kernel_log_keeps_flowing(
     agent.start_observers(stop)
     try:
         assert agent.wait_first_round(5)
+        # The round can end before the schedule's first run begins (a loaded machine).
+        wait_for(lambda: hung.runs == 1, 5, "the deep check to start and hang")
         with (bundle / "kmsg.log").open("a") as log:  # while the suite hangs
             log.write(
                 "NVRM: Xid (PCI:0000:91:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
