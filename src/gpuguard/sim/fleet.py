@@ -335,6 +335,17 @@ class Fleet:
         self.refresh(slot)
         self._driver.signals_changed(slot)
 
+    def _repaired_in_place(self, slot: Slot, faults: list[Fault], action: str) -> None:
+        """A person's repair of ``faults`` where they are: gone, with their kernel lines."""
+        now = self._events.now
+        self._stats.actions[action] += 1
+        self._stats.detected(faults, now)
+        self._stats.removed(faults, now)
+        ids = {f.id for f in faults}
+        slot.kernel = [k for k in slot.kernel if k[0] not in ids]
+        self._world.fault_process.remove(slot, faults)  # their checked facts too
+        self._driver.signals_changed(slot)
+
     def _human(self, slot: Slot, machine: int | None) -> None:
         if slot.human_for != machine:
             return  # a visit for a machine since replaced; the new one's is pending
@@ -349,26 +360,12 @@ class Fleet:
             if f.recorded_end is not None and f.recorded_end <= now and f.fix is not Fix.SELF
         ]
         if done:
-            self._stats.actions["manual_recorded_repair"] += 1
-            self._stats.detected(done, now)
-            self._stats.removed(done, now)
-            ids = {f.id for f in done}
-            slot.kernel = [k for k in slot.kernel if k[0] not in ids]
-            for f in done:
-                slot.checked.pop(f.id, None)
-            self._world.fault_process.remove(slot, done)
-            self._driver.signals_changed(slot)
+            self._repaired_in_place(slot, done, "manual_recorded_repair")
         # A person repairs what needs a hand where it is: a cable, an optic, a port (a fault
         # of the position that does not end by itself) is swapped in place, the server left.
         fixed = [f for f in slot.faults.values() if f.stays_with_slot and f.fix is not Fix.SELF]
         if fixed:
-            self._stats.actions["manual_position_repair"] += 1
-            self._stats.detected(fixed, self._events.now)
-            self._stats.removed(fixed, self._events.now)
-            ids = {f.id for f in fixed}
-            slot.kernel = [k for k in slot.kernel if k[0] not in ids]
-            self._world.fault_process.remove(slot, fixed)
-            self._driver.signals_changed(slot)
+            self._repaired_in_place(slot, fixed, "manual_position_repair")
         persistent = [
             f
             for f in slot.faults.values()

@@ -149,7 +149,7 @@ def _locus_lines(simulation: Simulation) -> list[str]:
         digits = {"false_drains_per_node_day": 5, "replacements_per_machine_fault": 3}.get(
             metric, 1
         )
-        cells = [_interval(over[n][metric], 1.0, digits) for n in names]
+        cells = [interval_text(over[n][metric], 1.0, digits) for n in names]
         rows.append((metric.replace("_", " "), cells))
     title = "Replacements and where faults live, over the seeds: mean [95 % interval]"
     return [title, *_grid(rows)]
@@ -189,10 +189,10 @@ def _cell(interval: Interval | None, metric: str) -> str:
     scale, digits = (1.0, 2) if metric in NOT_SHARES else (100.0, 3)
     if metric.startswith(RATIOS):
         scale, digits = 1.0, 4
-    return _interval(interval, scale, digits)
+    return interval_text(interval, scale, digits)
 
 
-def _interval(interval: Interval | None, scale: float, digits: int) -> str:
+def interval_text(interval: Interval | None, scale: float, digits: int) -> str:
     """``mean [low, high]`` (the mean alone without an interval; "-" without a figure)."""
     if interval is None:
         return "-"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.remediation.policy import Policy
+from gpuguard.sim.report import interval_text
 from gpuguard.sim.results import PolicyResult
 from gpuguard.sim.run import POLICIES, simulate
 from gpuguard.sim.scenario import Scenario, build_scenario
@@ -131,13 +132,7 @@ def _over(runs: list[dict[str, dict[str, float | None]]], name: str) -> dict[str
 
 
 def _cell(interval: Interval | None, percent: bool) -> str:
-    if interval is None:
-        return "-"
-    scale, digits = (100.0, 1) if percent else (1.0, 3)
-    mean = f"{scale * interval.mean:.{digits}f}"
-    if interval.low == float("-inf"):
-        return mean
-    return f"{mean} [{scale * interval.low:.{digits}f}, {scale * interval.high:.{digits}f}]"
+    return interval_text(interval, 100.0, 1) if percent else interval_text(interval, 1.0, 3)
 
 
 def table(rows: list[Row], seeds: Sequence[int]) -> str:
