@@ -32,7 +32,7 @@ from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
 
 def _scenario(nodes: int = 1, days: float = 1, **sections: dict[str, Any]) -> Scenario:
     data = load_scenario().model_dump(by_alias=True)
-    data.update(days=days, seed=1)
+    data.update(days=days, warmup_days=0, seed=1)
     data["fleet"].update(nodes=nodes, pools=1, age_days=0, spares_per_pool=0)
     data["jobs"]["mix"] = [{"nodes": 1, "share": 1.0, "hours": [1, 2]}]
     data["actions"]["failure_probability"] = 0.0

@@ -35,7 +35,7 @@ def _scenario(
     deep: tuple[tuple[str, object], ...] = (), sdc_fails_job: bool = False, busy: float = 0.5
 ) -> Scenario:
     data = load_scenario().model_dump(by_alias=True)
-    data.update(days=20, seed=1)
+    data.update(days=20, warmup_days=0, seed=1)
     data["jobs"]["utilisation"] = busy
     data["fleet"]["nodes"] = 64
     # A new fleet: at these rates a year in service would leave two hidden faults per node.

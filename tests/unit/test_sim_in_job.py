@@ -31,6 +31,7 @@ HOUR = 3600.0
 
 def _one_job_scenario(nodes: int, **in_job: object) -> Scenario:
     data = load_scenario().model_dump(by_alias=True)
+    data.update(days=30, warmup_days=0)
     data["fleet"].update(nodes=max(nodes, 4), pools=1, age_days=0, spares_per_pool=0)
     data["jobs"]["mix"] = [{"nodes": nodes, "share": 1, "hours": [20, 20]}]
     data["deep_checks"]["interval_h"] = None  # nothing but the in-job path looks

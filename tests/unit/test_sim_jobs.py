@@ -19,7 +19,7 @@ from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
 
 def _scenario(nodes: int, days: float = 2.0, **sections: dict[str, object]) -> Scenario:
     data = load_scenario().model_dump(by_alias=True)
-    data["days"] = days
+    data.update(days=days, warmup_days=0)
     data["fleet"].update(nodes=nodes, spare_nodes=0)
     data["jobs"]["mix"] = [{"nodes": 1, "share": 1.0, "hours": [1, 1]}]
     for name, values in sections.items():

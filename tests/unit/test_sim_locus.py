@@ -29,7 +29,7 @@ CABLE_PORT = 3  # the RDMA port a position's cable fault takes down
 
 def _scenario(**detection: Any) -> Scenario:
     data = load_scenario().model_dump(by_alias=True)
-    data.update(days=10, seed=1)
+    data.update(days=10, warmup_days=0, seed=1)
     data["fleet"]["nodes"] = 4
     data["jobs"]["mix"] = [{"nodes": 1, "share": 1.0, "hours": [2, 24]}]  # no job runs here
     data["actions"]["failure_probability"] = 0.0  # a reboot that fails would prove nothing

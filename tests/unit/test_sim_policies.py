@@ -14,7 +14,7 @@ from gpuguard.sim.report import table, targets
 from gpuguard.sim.run import simulate
 from gpuguard.sim.scenario import FaultClasses, Scenario, build_scenario, load_scenario
 
-SMALL = {"days": 10, "fleet": {"nodes": 160}}
+SMALL = {"days": 10, "warmup_days": 0, "fleet": {"nodes": 160}}
 
 
 def _scenario(**changes: object) -> Scenario:

@@ -11,7 +11,7 @@ from gpuguard.sim.sensitivity import BASE, CHANGES, changed, sensitivity
 
 
 def _small():
-    return load_scenario().with_overrides(nodes=160, days=4)
+    return load_scenario().with_overrides(nodes=160, days=4, warmup_days=0)
 
 
 def test_every_row_runs_on_every_core_and_the_base_row_is_the_plain_run():

@@ -38,7 +38,7 @@ def test_the_fleet_starts_with_hidden_faults_at_their_steady_state_prevalence():
     quiet = {name: {"rate": 0, "fix": {"restart": 1}} for name in FaultClasses.model_fields}
     data = load_scenario().model_dump(by_alias=True)
     data["fleet"].update(nodes=20_000, age_days=400)
-    data["days"] = 1
+    data.update(days=1, warmup_days=0)
     # Only replacements and the two hidden kinds: 2 per 1,000 node-days need new hardware.
     data["failures"]["classes"] = {
         **quiet,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 
 from gpuguard.sim.faults import HOUR, Fault, Fix, Locus
 from gpuguard.sli import TimeShare
@@ -53,6 +53,32 @@ class Stats:
     machine_faults_replace: int = 0
     # When each slot's machine was replaced automatically (not by people), by slot.
     replaced_at: defaultdict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def counts(self) -> Stats:
+        """A copy of the counters alone (ints and Counters), to subtract later."""
+        copy = Stats()
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | Counter):
+                setattr(copy, f.name, Counter(value) if isinstance(value, Counter) else value)
+        return copy
+
+    def since(self, before: Stats, start: float, fault_starts: Mapping[int, float]) -> Stats:
+        """What happened from ``start`` on: the counters less ``before`` (taken then), the
+        faults that began from then, the replacements and hourly bins from then."""
+        measured = Stats()
+        for f in fields(self):
+            value, earlier = getattr(self, f.name), getattr(before, f.name)
+            if isinstance(value, int | Counter):
+                setattr(measured, f.name, value - earlier)
+        measured.fault_times = {
+            i: t for i, t in self.fault_times.items() if fault_starts[i] >= start
+        }
+        measured.hidden = {i: t for i, t in self.hidden.items() if fault_starts[i] >= start}
+        measured.availability_bins = self.availability_bins[int(start // BIN_S) :]
+        for slot, times in self.replaced_at.items():
+            measured.replaced_at[slot] = [t for t in times if t >= start]
+        return measured
 
     def started(self, fault: Fault) -> None:
         """A fault is on a node (not dropped)."""
@@ -125,6 +151,14 @@ class ServiceBooks:
         self._bin_since = now
         self.slot_share.set(now, up=self.in_service, total=self.slots)
         self.machine_share.set(now, up=self.in_service, total=self.occupied + self.repairing)
+
+    def start_measuring(self, now: float) -> None:
+        """Forget the time in service booked so far (the warm-up); keep the hourly bins."""
+        self.account(now)
+        self.slot_share = TimeShare(now, up=self.in_service, total=self.slots)
+        self.machine_share = TimeShare(
+            now, up=self.in_service, total=self.occupied + self.repairing
+        )
 
     def service_changed(self, now: float, *, up: bool) -> None:
         self.account(now)

@@ -41,7 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seeds for the trace replay (they draw its workload and fixes; default 1)",
     )
     parser.add_argument("--nodes", type=int, metavar="N", help="fleet size (GPU-node slots)")
-    parser.add_argument("--days", type=float, metavar="N", help="simulated days")
+    parser.add_argument(
+        "--days", type=float, metavar="N", help="measured days (the scenario's days)"
+    )
+    parser.add_argument(
+        "--warmup-days",
+        type=float,
+        metavar="N",
+        help="days run first and left out of the figures (the scenario's warmup_days)",
+    )
     parser.add_argument(
         "--no-in-job",
         action="store_true",

@@ -45,7 +45,7 @@ class _Count:
 
 def run_simulate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario).with_overrides(
-        seed=args.seed, days=args.days, nodes=args.nodes
+        seed=args.seed, days=args.days, warmup_days=args.warmup_days, nodes=args.nodes
     )
     if args.no_in_job:
         scenario = scenario.with_in_job(False)

@@ -19,7 +19,7 @@ from gpuguard.sim.events import EventQueue
 from gpuguard.sim.fault_process import FaultProcess
 from gpuguard.sim.faults import DAY, Fault
 from gpuguard.sim.fleet import Fleet, Slot
-from gpuguard.sim.jobs import Job
+from gpuguard.sim.jobs import NO_BOOKS, Job, JobBooks
 from gpuguard.sim.scenario import Scenario
 from gpuguard.sim.scheduler import Scheduler
 from gpuguard.sli import TimeShare
@@ -63,7 +63,11 @@ class Engine:
         self.driver = driver
         self.view = view
         self.progress = progress
-        self.horizon = scenario.days * DAY
+        # The warm-up runs first and is left out of every figure (``measured_*`` below).
+        self.warmup = scenario.warmup_days * DAY
+        self.horizon = scenario.span_days * DAY
+        self._counts_before = Stats()
+        self._books_before: dict[int, JobBooks] = {}
         self.events = EventQueue()
         self.at = self.events.at  # the drivers schedule their own events on the same clock
         self.stats = Stats()
@@ -90,11 +94,38 @@ class Engine:
     def run(self) -> None:
         self.events.at_each(self.fault_process.start, self.faults, lambda fault: fault.start)
         self.events.at_each(self.scheduler.arrive, self.jobs, lambda job: job.arrival)
+        if self.warmup > 0:
+            self.at(self.warmup, self._start_measuring)
         self.events.run(self.horizon, self.progress)
         self.books.account(self.horizon)
         self.scheduler.close_books(self.jobs, self.horizon)
         if self.progress is not None:
             self.progress(1.0)
+
+    def _start_measuring(self) -> None:
+        now = self.now
+        self.books.start_measuring(now)
+        self._counts_before = self.stats.counts()
+        self._books_before = {job.id: job.books_at(now) for job in self.jobs if job.arrival < now}
+
+    # -- what the reports use: the measured days alone --------------------------------
+
+    def measured_stats(self) -> Stats:
+        """The counts and times of the measured days (after the warm-up)."""
+        starts = {fault.id: fault.start for fault in self.faults}
+        return self.stats.since(self._counts_before, self.warmup, starts)
+
+    def measured_jobs(self) -> list[Job]:
+        """The jobs submitted in the measured days (a job of the warm-up is left out)."""
+        return [job for job in self.jobs if job.arrival >= self.warmup]
+
+    def measured_books(self) -> list[tuple[Job, JobBooks]]:
+        """Each job's books over the measured days: at the end less when they began, so a
+        job of the warm-up counts for what it did and met after."""
+        return [
+            (job, job.books_at(self.horizon) - self._books_before.get(job.id, NO_BOOKS))
+            for job in self.jobs
+        ]
 
     # -- what the drivers and reports use ---------------------------------------------
 

@@ -201,7 +201,7 @@ def _effect(cls: str, signal: Signal) -> Effect:
 def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]:
     """Every fault of the run, in time order (ties broken by slot)."""
     fleet, failures = scenario.fleet, scenario.failures
-    horizon = scenario.days * DAY
+    horizon = scenario.span_days * DAY
     slots = fleet.nodes
     lemons = rng.permutation(slots)[: round(failures.lemon_share * slots)]
     # Published rates are fleet averages with the lemons in them: the others run a bit lower.

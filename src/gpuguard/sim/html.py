@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 
 from gpuguard.sim import in_job_report
-from gpuguard.sim.report import gpu_hours_lost, table
+from gpuguard.sim.report import gpu_hours_lost, span_text, table
 from gpuguard.sim.results import GPU_HOUR_KINDS, SIZE_CLASSES
 from gpuguard.sim.run import WITHOUT_IN_JOB, Simulation
 from gpuguard.sim.sweep import Interval
@@ -336,7 +336,7 @@ def render(
         ".wide{width:96vw;position:relative;left:50%;transform:translateX(-50%)}"
         "</style></head><body>",
         f"<h1>gpuguard fleet simulation: {html.escape(scenario.name)}</h1>",
-        f"<p>{scenario.fleet.nodes} nodes of 8 GPUs, {scenario.days:g} days, seeds"
+        f"<p>{scenario.fleet.nodes} nodes of 8 GPUs, {span_text(scenario)}, seeds"
         f" {', '.join(map(str, simulation.seeds))}. Every policy saw the same failures and the"
         " same jobs in each seed. The gpuguard"
         " run is the controller's own policy code (<code>remediation.decide</code>) fed by"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from enum import StrEnum
 
 import numpy as np
@@ -25,6 +25,26 @@ class JobState(StrEnum):
     WAITING = "waiting"  # interrupted, waiting for capacity to restart
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class JobBooks:
+    """A job's books at one moment: hours per node (the stretch it is in counted up to
+    then) and interruptions. The difference of two is what happened between them."""
+
+    done: float  # work at full speed that stands (saved, or run in the current stretch)
+    lost: float
+    restarting: float
+    deep_wait: float
+    running: float
+    interruptions: int
+    attributed_interruptions: int
+
+    def __sub__(self, earlier: JobBooks) -> JobBooks:
+        return JobBooks(*(a - b for a, b in zip(astuple(self), astuple(earlier), strict=True)))
+
+
+NO_BOOKS = JobBooks(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
 
 
 @dataclass(slots=True)  # hundreds of thousands in a long run: no per-job dict
@@ -60,8 +80,34 @@ class Job:
 
     def start_up_until(self, t: float) -> None:
         """Count a placement that ends at ``t``: the wait for a deep run, then start-up."""
-        self.deep_wait_h += (min(t, self.starts_at) - self.placed_at) / HOUR
-        self.overhead_h += max(0.0, t - self.starts_at) / HOUR
+        wait, start_up = self._placement_h(t)
+        self.deep_wait_h += wait
+        self.overhead_h += start_up
+
+    def _placement_h(self, t: float) -> tuple[float, float]:
+        """Hours of the current placement by ``t``: waiting for a deep run, starting up."""
+        return (min(t, self.starts_at) - self.placed_at) / HOUR, max(0.0, t - self.starts_at) / HOUR
+
+    def books_at(self, t: float) -> JobBooks:
+        """The books as the run's end would close them at ``t`` (``Scheduler.close_books``)."""
+        done, running = self.saved_h, self.running_h
+        restarting, deep_wait = self.overhead_h, self.deep_wait_h
+        if self.state is JobState.RUNNING:
+            done = self.progress_at(t)
+            running += (t - self.segment_start) / HOUR
+        elif self.state is JobState.RESTARTING:
+            wait, start_up = self._placement_h(t)
+            deep_wait += wait
+            restarting += start_up
+        return JobBooks(
+            done,
+            self.lost_h,
+            restarting,
+            deep_wait,
+            running,
+            self.interruptions,
+            self.attributed_interruptions,
+        )
 
     def progress_at(self, t: float) -> float:
         """Work done by ``t`` within the current stretch (``t`` not before its start)."""
@@ -137,7 +183,7 @@ def generate_jobs(scenario: Scenario, rng: np.random.Generator) -> list[Job]:
         asked -= jobs.pop().nodes
     per_hour = wanted / mean_node_hours if mean_node_hours > 0 else 0.0
     t = 0.0
-    horizon = scenario.days * DAY
+    horizon = scenario.span_days * DAY
     arrival_cdf = _cdf(probabilities)
     while per_hour > 0:
         t += rng.exponential(HOUR / per_hour)

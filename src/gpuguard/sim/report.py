@@ -14,6 +14,7 @@ from collections.abc import Callable
 from gpuguard.sim import in_job_report
 from gpuguard.sim.results import SIZE_CLASSES, PolicyResult
 from gpuguard.sim.run import Simulation
+from gpuguard.sim.scenario import Scenario
 from gpuguard.sim.sweep import METRICS, NOT_SHARES, Interval
 
 TARGET_AVAILABILITY = 0.9995
@@ -238,13 +239,22 @@ def spread(simulation: Simulation) -> list[str]:
     return [title, *_grid(rows)]
 
 
+def span_text(scenario: Scenario) -> str:
+    """The days the figures cover, and the warm-up run before them and left out."""
+    if scenario.warmup_days == 0:
+        return f"{scenario.days:g} days"
+    return (
+        f"{scenario.days:g} days measured after a {scenario.warmup_days:g}-day warm-up (left out)"
+    )
+
+
 def table(simulation: Simulation) -> str:
     scenario = simulation.scenario
     names = list(simulation.results)
     source = f"trace {simulation.trace.name}" if simulation.trace else f"scenario {scenario.name}"
     header = [
         f"gpuguard simulate: {source}, {scenario.fleet.nodes} nodes x 8 GPUs,"
-        f" {scenario.days:g} days",
+        f" {span_text(scenario)}",
         "",
         *spread(simulation),
         "",

@@ -6,9 +6,9 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
-from gpuguard.sim.engine import BIN_S, Engine, FaultTimes, HiddenTimes
+from gpuguard.sim.engine import BIN_S, Engine, FaultTimes, HiddenTimes, Stats
 from gpuguard.sim.faults import HIDDEN_CLASSES, HOUR, Fault, Fix
-from gpuguard.sim.jobs import Job, JobState
+from gpuguard.sim.jobs import Job, JobBooks, JobState
 from gpuguard.sli import job_success_rate, ratio
 
 GPUS_PER_NODE = 8
@@ -299,17 +299,17 @@ class HiddenFaults:
 
 
 def summarise(engine: Engine) -> PolicyResult:
+    """The figures of the measured days: the warm-up's jobs, faults and time left out."""
     scenario = engine.scenario
-    stats = engine.stats
+    stats = engine.measured_stats()
     nodes = scenario.fleet.nodes
-    hours = engine.horizon / HOUR
-    jobs = engine.jobs
+    node_days = nodes * scenario.days
+    jobs = engine.measured_jobs()
     states = Counter(job.state for job in jobs)
     succeeded, failed = states[JobState.SUCCEEDED], states[JobState.FAILED]
     started = [job for job in jobs if job.first_start is not None]
-    useful = sum(job.saved_h * job.nodes for job in started)
-    kept = sum(job.saved_h * job.nodes for job in started if job.state is not JobState.FAILED)
     productive = sum((job.running_h - job.lost_wall_h) * job.nodes for job in started)
+    kept = sum(job.saved_h * job.nodes for job in started if job.state is not JobState.FAILED)
     wall = sum(
         ((job.ended_at if job.ended_at is not None else engine.horizon) - job.first_start)
         / HOUR
@@ -317,25 +317,21 @@ def summarise(engine: Engine) -> PolicyResult:
         for job in started
         if job.first_start is not None
     )
-    fleet_node_hours = nodes * hours
-    lost = sum(job.lost_h * job.nodes for job in jobs)
-    restarting = sum(job.overhead_h * job.nodes for job in jobs)
-    deep_wait = sum(job.deep_wait_h * job.nodes for job in jobs)
-    running = sum(job.running_h * job.nodes for job in jobs)
+    fleet_node_hours = node_days * 24.0
+    books = engine.measured_books()
+    held = _node_hours(books)
     out = fleet_node_hours - engine.slot_share.up_seconds / HOUR
     spent = {
-        "useful": useful,
-        "lost_work": lost,
-        "restarting": restarting,
-        "deep_run_wait": deep_wait,
-        "stalled_or_slow": max(0.0, running - useful - lost),
+        "useful": held["done"],
+        "lost_work": held["lost"],
+        "restarting": held["restarting"],
+        "deep_run_wait": held["deep_wait"],
+        "stalled_or_slow": max(0.0, held["running"] - held["done"] - held["lost"]),
         "out_of_service": out,
     }
     spent["idle"] = max(0.0, fleet_node_hours - sum(spent.values()))
-    times = stats.fault_times.values()
-    repaired = [
-        (t.repaired - start) / HOUR for t, start in _with_start(engine) if t.repaired is not None
-    ]
+    fault_times = list(_with_start(engine, stats))
+    repaired = [(t.repaired - start) / HOUR for t, start in fault_times if t.repaired is not None]
     return PolicyResult(
         policy=engine.driver.name,
         gpu_node_availability=engine.machine_share.share,
@@ -344,24 +340,20 @@ def summarise(engine: Engine) -> PolicyResult:
         job_success_by_gpu_hours=_success_by_work(jobs),
         job_success_by_size=_success_by_size(jobs),
         ettr=ratio(productive, wall),
-        effective=ratio(useful, wall),
+        effective=ratio(sum(job.saved_h * job.nodes for job in started), wall),
         effective_failed_lost=ratio(kept, wall),
-        goodput=ratio(useful, fleet_node_hours),
+        goodput=ratio(held["done"], fleet_node_hours),
         ml_goodput=MlGoodput.of(started, engine.horizon),
         mttr_hours=statistics.fmean(repaired) if repaired else 0.0,
-        false_drains_per_node_day=stats.false_drains / (nodes * scenario.days),
+        false_drains_per_node_day=stats.false_drains / node_days,
         time_to_detect_h=Distribution.of(
-            [(t.detected - s) / HOUR for t, s in _with_start(engine) if t.detected is not None]
+            [(t.detected - s) / HOUR for t, s in fault_times if t.detected is not None]
         ),
         time_to_quarantine_h=Distribution.of(
-            [
-                (t.quarantined - s) / HOUR
-                for t, s in _with_start(engine)
-                if t.quarantined is not None
-            ]
+            [(t.quarantined - s) / HOUR for t, s in fault_times if t.quarantined is not None]
         ),
         time_to_repair_h=Distribution.of(repaired),
-        unrepaired_faults=sum(1 for t in times if t.repaired is None),
+        unrepaired_faults=sum(1 for t, _ in fault_times if t.repaired is None),
         gpu_hours={k: spent[k] * GPUS_PER_NODE for k in GPU_HOUR_KINDS},
         actions=dict(sorted(stats.actions.items())),
         breaker_trips=stats.breaker_trips,
@@ -371,20 +363,20 @@ def summarise(engine: Engine) -> PolicyResult:
             "unfinished": len(jobs) - succeeded - failed,
         },
         job_failures=dict(Counter(job.failure for job in jobs if job.state is JobState.FAILED)),
-        job_mttf_h=_mttf(engine, attributed=False),
-        attributed_job_mttf_h=_mttf(engine, attributed=True),
-        interruptions=sum(job.interruptions for job in jobs),
-        interruptions_per_1000_node_days=_interruption_rate(jobs),
-        faults=len(engine.faults) - stats.dropped_faults,
+        job_mttf_h=_mttf(books, attributed=False),
+        attributed_job_mttf_h=_mttf(books, attributed=True),
+        interruptions=sum(b.interruptions for _, b in books),
+        interruptions_per_1000_node_days=_interruption_rate(books),
+        faults=sum(fault.start >= engine.warmup for fault in engine.faults) - stats.dropped_faults,
         decide_calls=stats.decide_calls,
-        availability_by_day=_daily(engine),
-        hidden_faults=_hidden(engine),
+        availability_by_day=_daily(engine, stats),
+        hidden_faults=_hidden(engine, stats),
         deep_runs=dict(sorted(stats.deep_runs.items())),
-        repair_node_hours_by_class=_repair_by_class(engine),
-        false_verdicts_per_node_day=stats.false_verdicts / (nodes * scenario.days),
+        repair_node_hours_by_class=_repair_by_class(engine, stats),
+        false_verdicts_per_node_day=stats.false_verdicts / node_days,
         attribution=dict(sorted(stats.attribution.items())),
-        crash_suspicions_per_node_day=stats.suspicions / (nodes * scenario.days),
-        false_suspicions_per_node_day=stats.false_suspicions / (nodes * scenario.days),
+        crash_suspicions_per_node_day=stats.suspicions / node_days,
+        false_suspicions_per_node_day=stats.false_suspicions / node_days,
         spares_taken=stats.spares_taken,
         locus=LocusFigures(
             replacements=stats.actions["replace"],
@@ -416,21 +408,21 @@ def _success_by_size(jobs: list[Job]) -> dict[str, SizeOutcome]:
     return outcomes
 
 
-def _repair_by_class(engine: Engine) -> dict[str, float]:
+def _repair_by_class(engine: Engine, stats: Stats) -> dict[str, float]:
     by_id = {fault.id: fault for fault in engine.faults}
     hours: dict[str, float] = defaultdict(float)
-    for fault_id, times in engine.stats.fault_times.items():
+    for fault_id, times in stats.fault_times.items():
         fault = by_id[fault_id]
         end = times.repaired if times.repaired is not None else engine.horizon
         hours[fault.cls] += (end - fault.start) / HOUR
     return dict(sorted(hours.items(), key=lambda item: -item[1]))
 
 
-def _hidden(engine: Engine) -> dict[str, HiddenFaults]:
+def _hidden(engine: Engine, stats: Stats) -> dict[str, HiddenFaults]:
     by_id = {fault.id: fault for fault in engine.faults}
     result = {}
     for cls in sorted(HIDDEN_CLASSES):
-        times = [(t, by_id[i].start) for i, t in engine.stats.hidden.items() if by_id[i].cls == cls]
+        times = [(t, by_id[i].start) for i, t in stats.hidden.items() if by_id[i].cls == cls]
         found = [(t.by_checks - start) / HOUR for t, start in times if t.by_checks is not None]
         result[cls] = HiddenFaults(
             faults=len(times),
@@ -442,7 +434,7 @@ def _hidden(engine: Engine) -> dict[str, HiddenFaults]:
                 [(t.removed - start) / HOUR for t, start in times if t.removed is not None]
             ),
             persistent=_found_by(
-                [(t, by_id[i]) for i, t in engine.stats.hidden.items() if by_id[i].cls == cls]
+                [(t, by_id[i]) for i, t in stats.hidden.items() if by_id[i].cls == cls]
             ),
         )
     return result
@@ -474,36 +466,43 @@ def _found_by(faults: list[tuple[HiddenTimes, Fault]]) -> FoundBy:
     )
 
 
-def _with_start(engine: Engine) -> list[tuple[FaultTimes, float]]:
+def _with_start(engine: Engine, stats: Stats) -> list[tuple[FaultTimes, float]]:
     by_id = {fault.id: fault.start for fault in engine.faults}
-    return [(times, by_id[fault_id]) for fault_id, times in engine.stats.fault_times.items()]
+    return [(times, by_id[fault_id]) for fault_id, times in stats.fault_times.items()]
 
 
-def _interruption_rate(jobs: list[Job]) -> float:
+def _node_hours(books: list[tuple[Job, JobBooks]]) -> dict[str, float]:
+    """The jobs' node-hours in the measured days, by kind."""
+    kinds = ("done", "lost", "restarting", "deep_wait", "running")
+    return {kind: sum(getattr(b, kind) * job.nodes for job, b in books) for kind in kinds}
+
+
+def _interruption_rate(books: list[tuple[Job, JobBooks]]) -> float:
     """Job interruptions per 1,000 node-days the jobs held (running or starting up)."""
-    node_days = sum((job.running_h + job.overhead_h) * job.nodes for job in jobs) / 24
-    interruptions = sum(job.interruptions for job in jobs)
+    node_days = sum((b.running + b.restarting) * job.nodes for job, b in books) / 24
+    interruptions = sum(b.interruptions for _, b in books)
     return 1000 * interruptions / node_days if node_days > 0 else 0.0
 
 
-def _mttf(engine: Engine, *, attributed: bool) -> dict[int, float]:
+def _mttf(books: list[tuple[Job, JobBooks]], *, attributed: bool) -> dict[int, float]:
     """Job mean time to failure by job size: hours on nodes per interruption."""
     exposure: dict[int, float] = defaultdict(float)
     hits: dict[int, int] = defaultdict(int)
-    for job in engine.jobs:
-        exposure[job.nodes] += job.running_h + job.overhead_h
-        hits[job.nodes] += job.attributed_interruptions if attributed else job.interruptions
+    for job, b in books:
+        exposure[job.nodes] += b.running + b.restarting
+        hits[job.nodes] += b.attributed_interruptions if attributed else b.interruptions
     return {n: exposure[n] / hits[n] for n in sorted(exposure) if hits[n]}
 
 
-def _daily(engine: Engine) -> list[float]:
+def _daily(engine: Engine, stats: Stats) -> list[float]:
     per_day = int(24 * HOUR // BIN_S)
-    bins = engine.stats.availability_bins
+    bins = stats.availability_bins  # from the measured days' first hour
+    measured = engine.horizon - engine.warmup
     slots = len(engine.slots)
     days = []
     for first in range(0, len(bins), per_day):
         chunk = bins[first : first + per_day]
-        span = min(len(chunk) * BIN_S, engine.horizon - first * BIN_S)
+        span = min(len(chunk) * BIN_S, measured - first * BIN_S)
         if span > 0:
             days.append(sum(chunk) / (slots * span))
     return days

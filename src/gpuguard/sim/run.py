@@ -60,8 +60,8 @@ def remediation_policy(scenario: Scenario, policy_file: Path | None) -> Policy:
 
 
 def replay_scenario(scenario: Scenario, trace: Trace) -> Scenario:
-    """The scenario sized to the trace's fleet and span."""
-    return scenario.with_overrides(nodes=trace.nodes, days=trace.days)
+    """The scenario sized to the trace's fleet and span, every recorded day measured."""
+    return scenario.with_overrides(nodes=trace.nodes, days=trace.days, warmup_days=0.0)
 
 
 def simulate(

@@ -358,7 +358,11 @@ class Jobs(_Strict):
 
 class Scenario(_Strict):
     name: str = "custom"
-    days: Positive = 30.0
+    days: Positive = Field(default=365.0, description="Simulated days that are measured")
+    warmup_days: NonNegative = Field(
+        default=30.0,
+        description="Days run before the measured ones and discarded (the fleet settles)",
+    )
     seed: int = 1
     fleet: Fleet = Fleet()
     failures: Failures = Failures()
@@ -381,8 +385,13 @@ class Scenario(_Strict):
             )
         return self
 
+    @property
+    def span_days(self) -> float:
+        """Days the run simulates: the warm-up, then the measured days."""
+        return self.warmup_days + self.days
+
     def with_overrides(self, **changes: Any) -> Scenario:
-        """A copy with ``seed``, ``days`` or ``nodes`` replaced (command-line flags)."""
+        """A copy with ``seed``, ``days``, ``warmup_days`` or ``nodes`` replaced."""
         data = self.model_dump(by_alias=True)
         for key, value in changes.items():
             if value is None:
