@@ -3,11 +3,20 @@ describes the fleet in steady state rather than the state it was started in."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gpuguard.sim.agent_view import AgentView
 from gpuguard.sim.engine import Engine
-from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix, Signal
+from gpuguard.sim.faults import (
+    DAY,
+    HOUR,
+    Effect,
+    Fault,
+    Fix,
+    Signal,
+    generate_faults,
+)
 from gpuguard.sim.jobs import Job, JobState
 from gpuguard.sim.policies import NoPolicy
 from gpuguard.sim.report import span_text
@@ -101,3 +110,33 @@ def test_a_trace_replay_measures_every_recorded_day():
 def test_the_report_says_what_it_left_out():
     assert span_text(_scenario()) == "3 days measured after a 2-day warm-up (left out)"
     assert span_text(_scenario().with_overrides(warmup_days=0.0)) == "3 days"
+
+
+def test_the_warm_up_and_the_measured_days_both_have_faults_at_the_scenario_s_rate():
+    data = load_scenario().model_dump(by_alias=True)
+    data.update(days=30, warmup_days=60)
+    data["fleet"]["nodes"] = 2000
+    scenario = build_scenario(data, "test")
+    classes = scenario.failures.classes
+    node_classes = [c for c in type(classes).model_fields if c != "fabric"]  # racks apart
+    per_node_day = sum(getattr(classes, c).rate for c in node_classes) / 1000.0
+    faults = [
+        f for f in generate_faults(scenario, np.random.default_rng(3)) if f.cls in node_classes
+    ]
+    warmup = scenario.warmup_days * DAY
+    measured = sum(1 for f in faults if f.start >= warmup)
+    during = sum(1 for f in faults if 0 < f.start < warmup)  # t = 0: what age left there
+    # About 208 and 417 expected: Poisson counts within 25 % (3.5 standard deviations).
+    assert measured == pytest.approx(per_node_day * 2000 * 30, rel=0.25)
+    assert during == pytest.approx(per_node_day * 2000 * 60, rel=0.25)
+
+
+def test_a_job_running_at_the_end_counts_its_hours_once():
+    scenario = _scenario(nodes=1)
+    endless = Job(id=0, nodes=1, work_h=10_000.0, arrival=WARMUP_DAYS * DAY - 12 * HOUR)
+    engine = _run(scenario, [], [endless])
+    assert endless.state is JobState.RUNNING
+    ((_, books),) = engine.measured_books()
+    assert books.running == pytest.approx(3 * 24)  # the measured days, not more
+    result = summarise(engine)
+    assert result.gpu_hours["idle"] == pytest.approx(0.0, abs=1e-6)

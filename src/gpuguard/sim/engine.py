@@ -120,12 +120,9 @@ class Engine:
         return [job for job in self.jobs if job.arrival >= self.warmup]
 
     def measured_books(self) -> list[tuple[Job, JobBooks]]:
-        """Each job's books over the measured days: at the end less when they began, so a
-        job of the warm-up counts for what it did and met after."""
-        return [
-            (job, job.books_at(self.horizon) - self._books_before.get(job.id, NO_BOOKS))
-            for job in self.jobs
-        ]
+        """Each job's books over the measured days: as the run closed them less when those
+        days began, so a job of the warm-up counts for what it did and met after."""
+        return [(job, job.booked() - self._books_before.get(job.id, NO_BOOKS)) for job in self.jobs]
 
     # -- what the drivers and reports use ---------------------------------------------
 

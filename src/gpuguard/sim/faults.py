@@ -210,7 +210,7 @@ def generate_faults(scenario: Scenario, rng: np.random.Generator) -> list[Fault]
     raw: list[tuple[float, int, str, bool]] = []  # (start, slot, class, lemon)
 
     def draw(cls: str, per_node_day: float, on: np.ndarray, lemon: bool) -> None:
-        count = int(rng.poisson(per_node_day * len(on) * scenario.days)) if len(on) else 0
+        count = int(rng.poisson(per_node_day * len(on) * scenario.span_days)) if len(on) else 0
         if count:
             starts = rng.random(count) * horizon
             where = on[rng.integers(0, len(on), count)]

@@ -19,7 +19,16 @@ COLOURS = {
     "gpuguard": "#2b6cb0",
     WITHOUT_IN_JOB: "#90cdf4",
 }
-KIND_COLOURS = ("#2f855a", "#c53030", "#dd6b20", "#805ad5", "#d69e2e", "#718096", "#e2e8f0")
+KIND_COLOURS = (
+    "#2f855a",
+    "#9b2c2c",
+    "#c53030",
+    "#dd6b20",
+    "#805ad5",
+    "#d69e2e",
+    "#718096",
+    "#e2e8f0",
+)
 FOUND_COLOURS = ("#2b6cb0", "#805ad5", "#d69e2e", "#c53030")
 OUTCOME_COLOURS = {"succeeded": "#2f855a", "failed": "#c53030", "unfinished": "#cbd5e0"}
 W, H, LEFT, RIGHT, TOP, BOTTOM = 720, 300, 70, 130, 20, 40
@@ -49,45 +58,77 @@ def _legend(entries: Sequence[tuple[str, str]], x: float, y: float) -> list[str]
     return out
 
 
+def nice_ticks(low: float, high: float, most: int = 6) -> list[float]:
+    """Round values within [low, high], at most ``most`` of them: a step of 1, 2 or 5
+    times a power of ten, as a reader counts."""
+    span = high - low
+    if span <= 0:
+        return [low]
+    raw = span / (most - 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
+    first, last = math.ceil(low / step - 1e-9), math.floor(high / step + 1e-9)
+    return [k * step for k in range(first, last + 1)]
+
+
+def _percent(value: float, step: float) -> str:
+    """``value`` as a percentage with as many decimals as the tick step needs."""
+    digits = max(0, -math.floor(math.log10(100 * step) + 1e-9))
+    return f"{100 * value:.{digits}f} %"
+
+
 def availability_plot(simulation: Simulation) -> str:
-    """Slot availability per day, one line per policy."""
+    """Slot availability per measured day, one line per policy, the target named in the
+    margin so no line hides it."""
     series = {n: r.availability_by_day for n, r in simulation.results.items()}
     values = [v for s in series.values() for v in s] or [1.0]
-    low = min(min(values), 0.999)
-    low = math.floor(low * 1000) / 1000
+    ticks = nice_ticks(min(min(values), 0.999), 1.0)
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 0.001
+    low = math.floor(min(min(values), 0.999) / step + 1e-9) * step
+    ticks = nice_ticks(low, 1.0)
     days = max(len(s) for s in series.values()) or 1
     plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
 
-    def xy(day: int, value: float) -> tuple[float, float]:
-        x = LEFT + plot_w * (day + 0.5) / days
+    def xy(day: float, value: float) -> tuple[float, float]:
+        x = LEFT + plot_w * day / days
         y = TOP + plot_h * (1 - (value - low) / (1 - low))
         return x, y
 
     body = [
         f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>'
     ]
-    for i in range(5):
-        value = low + (1 - low) * i / 4
+    for value in ticks:
         _, y = xy(0, value)
         body.append(
             f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
         )
-        body.append(_text(LEFT - 6, y + 4, f"{100 * value:.2f}%", "end"))
-    target_y = xy(0, 0.9995)[1]
-    if target_y > TOP:
-        body.append(
-            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{target_y:.1f}" y2="{target_y:.1f}" '
-            'stroke="#c53030" stroke-dasharray="4 4"/>'
-        )
-        body.append(_text(LEFT + plot_w - 4, target_y - 4, "99.95 % target", "end", 11))
+        body.append(_text(LEFT - 6, y + 4, _percent(value, step), "end"))
+    for day in nice_ticks(0, days, most=8):
+        x, _ = xy(day, low)
+        body.append(_text(x, TOP + plot_h + 14, f"{day:g}", "middle"))
     for name, points in series.items():
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(d, v) for d, v in enumerate(points)))
+        coords = " ".join(
+            f"{x:.1f},{y:.1f}" for x, y in (xy(d + 0.5, v) for d, v in enumerate(points))
+        )
         body.append(
             f'<polyline points="{coords}" fill="none" stroke="{COLOURS.get(name, "#000")}" '
             'stroke-width="2"/>'
         )
-    body.append(_text(LEFT + plot_w / 2, H - 10, "day of the run", "middle"))
-    body += _legend([(n, COLOURS.get(n, "#000")) for n in series], W - RIGHT + 16, TOP + 10)
+    legend_y = TOP + 10
+    target_y = xy(0, 0.9995)[1]
+    if target_y > TOP:
+        # Drawn over the lines, named in the margin beside its end.
+        body.append(
+            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{target_y:.1f}" y2="{target_y:.1f}" '
+            'stroke="#c53030" stroke-dasharray="4 4"/>'
+        )
+        body.append(_text(LEFT + plot_w + 6, target_y + 4, "99.95 % target", size=11))
+        if target_y < legend_y + 18 * len(series):
+            legend_y = round(target_y) + 16
+    warmup = simulation.scenario.warmup_days
+    axis = f"day after the {warmup:g}-day warm-up" if warmup else "day of the run"
+    body.append(_text(LEFT + plot_w / 2, H - 8, axis, "middle"))
+    body += _legend([(n, COLOURS.get(n, "#000")) for n in series], W - RIGHT + 16, legend_y)
     return _svg(body, "GPU-node slot availability per day")
 
 
@@ -219,6 +260,7 @@ def job_success_plot(simulation: Simulation) -> str:
         ]
     )
     floor = math.floor(floor * 10) / 10
+    ticks = nice_ticks(floor, 1.0)
 
     def x_of(value: float) -> float:
         return left + plot_w * (min(max(value, floor), 1.0) - floor) / (1.0 - floor)
@@ -246,13 +288,12 @@ def job_success_plot(simulation: Simulation) -> str:
                     f'<line x1="{lo:.1f}" x2="{hi:.1f}" y1="{mid:.1f}" y2="{mid:.1f}" '
                     'stroke="#000" stroke-width="1.5"/>'
                 )
-    for i in range(6):
-        value = floor + (1.0 - floor) * i / 5
+    for value in ticks:
         x = x_of(value)
         body.append(
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{height - 36}" stroke="#eee"/>'
         )
-        body.append(_text(x, height - 22, f"{100 * value:.0f} %", "middle"))
+        body.append(_text(x, height - 22, _percent(value, ticks[1] - ticks[0]), "middle"))
     body += _legend([(n, COLOURS.get(n, "#000")) for n in names], W - RIGHT + 16, TOP + 10)
     return _svg(body, "Job success per job, per GPU-hour and by size", height)
 
@@ -314,7 +355,10 @@ def summary(simulation: Simulation) -> str:
         f"<td>{statistics.fmean(gpu_hours_lost(r) for r in simulation.every_seed(name)):,.0f}</td>"
         for name in names
     )
-    rows.append(f"<tr><th>GPU-hours lost (work, restarts, stalls), per seed</th>{lost}</tr>")
+    rows.append(
+        "<tr><th>GPU-hours lost (failed jobs, rollbacks, restarts, stalls), per seed</th>"
+        f"{lost}</tr>"
+    )
     return f'<table class="summary"><tr><th></th>{head}</tr>{"".join(rows)}</table>'
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
@@ -88,26 +88,30 @@ class Job:
         """Hours of the current placement by ``t``: waiting for a deep run, starting up."""
         return (min(t, self.starts_at) - self.placed_at) / HOUR, max(0.0, t - self.starts_at) / HOUR
 
-    def books_at(self, t: float) -> JobBooks:
-        """The books as the run's end would close them at ``t`` (``Scheduler.close_books``)."""
-        done, running = self.saved_h, self.running_h
-        restarting, deep_wait = self.overhead_h, self.deep_wait_h
-        if self.state is JobState.RUNNING:
-            done = self.progress_at(t)
-            running += (t - self.segment_start) / HOUR
-        elif self.state is JobState.RESTARTING:
-            wait, start_up = self._placement_h(t)
-            deep_wait += wait
-            restarting += start_up
+    def booked(self) -> JobBooks:
+        """The books as they stand (after ``Scheduler.close_books``, the run's)."""
         return JobBooks(
-            done,
+            self.saved_h,
             self.lost_h,
-            restarting,
-            deep_wait,
-            running,
+            self.overhead_h,
+            self.deep_wait_h,
+            self.running_h,
             self.interruptions,
             self.attributed_interruptions,
         )
+
+    def books_at(self, t: float) -> JobBooks:
+        """The books as closing them at ``t`` would leave them, the job left as it is."""
+        books = self.booked()
+        if self.state is JobState.RUNNING:
+            running = books.running + (t - self.segment_start) / HOUR
+            return replace(books, done=self.progress_at(t), running=running)
+        if self.state is JobState.RESTARTING:
+            wait, start_up = self._placement_h(t)
+            return replace(
+                books, deep_wait=books.deep_wait + wait, restarting=books.restarting + start_up
+            )
+        return books
 
     def progress_at(self, t: float) -> float:
         """Work done by ``t`` within the current stretch (``t`` not before its start)."""

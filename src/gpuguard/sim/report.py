@@ -78,7 +78,14 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
                 *(r.deep_runs.get(k, 0) for k in ("schedule", "verify", "verify_failed"))
             ),
         ),
-        ("GPU-hours lost (work, restarts, stalls)", lambda r: f"{gpu_hours_lost(r):,.0f}"),
+        (
+            "GPU-hours lost (failed jobs, rollbacks, restarts, stalls)",
+            lambda r: f"{gpu_hours_lost(r):,.0f}",
+        ),
+        (
+            "  of which failed jobs' work",
+            lambda r: f"{r.gpu_hours['failed_jobs_work']:,.0f}",
+        ),
         ("  of which jobs waiting for deep runs", lambda r: f"{r.gpu_hours['deep_run_wait']:,.0f}"),
         ("GPU-hours out of service", lambda r: f"{r.gpu_hours['out_of_service']:,.0f}"),
         ("job interruptions", lambda r: str(r.interruptions)),
@@ -183,7 +190,8 @@ def _minutes(p50_h: float, p90_h: float) -> str:
 
 def gpu_hours_lost(result: PolicyResult) -> float:
     hours = result.gpu_hours
-    return sum(hours[k] for k in ("lost_work", "restarting", "deep_run_wait", "stalled_or_slow"))
+    lost = ("failed_jobs_work", "lost_work", "restarting", "deep_run_wait", "stalled_or_slow")
+    return sum(hours[k] for k in lost)
 
 
 def _cell(interval: Interval | None, metric: str) -> str:

@@ -29,6 +29,7 @@ def size_class(gpus: int) -> str:
 # Where the fleet's GPU-hours went, in the order the report stacks them.
 GPU_HOUR_KINDS = (
     "useful",
+    "failed_jobs_work",  # work a job did and kept, thrown away when it failed later
     "lost_work",
     "restarting",
     "deep_run_wait",  # placed on a node during a scheduled deep run, waiting for its end
@@ -103,7 +104,7 @@ class PolicyResult:
     ettr: float  # Meta's: productive runtime / wall time (a slow GPU's time is productive)
     effective: float  # gpuguard's stricter: work done at full speed / wall time
     effective_failed_lost: float  # the same, a failed job's work lost (its wall time stays)
-    goodput: float  # useful GPU-hours / all the fleet's GPU-hours, idle ones included
+    goodput: float  # useful GPU-hours (failed jobs' left out) / all, idle ones included
     # Google's ML goodput of the jobs, its three factors (their product is ``effective``).
     ml_goodput: MlGoodput
     mttr_hours: float
@@ -321,8 +322,10 @@ def summarise(engine: Engine) -> PolicyResult:
     books = engine.measured_books()
     held = _node_hours(books)
     out = fleet_node_hours - engine.slot_share.up_seconds / HOUR
+    failed_work = sum(b.done * job.nodes for job, b in books if job.state is JobState.FAILED)
     spent = {
-        "useful": held["done"],
+        "useful": held["done"] - failed_work,
+        "failed_jobs_work": failed_work,
         "lost_work": held["lost"],
         "restarting": held["restarting"],
         "deep_run_wait": held["deep_wait"],
@@ -342,7 +345,7 @@ def summarise(engine: Engine) -> PolicyResult:
         ettr=ratio(productive, wall),
         effective=ratio(sum(job.saved_h * job.nodes for job in started), wall),
         effective_failed_lost=ratio(kept, wall),
-        goodput=ratio(held["done"], fleet_node_hours),
+        goodput=ratio(spent["useful"], fleet_node_hours),
         ml_goodput=MlGoodput.of(started, engine.horizon),
         mttr_hours=statistics.fmean(repaired) if repaired else 0.0,
         false_drains_per_node_day=stats.false_drains / node_days,
