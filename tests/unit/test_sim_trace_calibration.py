@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from gpuguard.sim.faults import Fault, generate_faults
+from gpuguard.sim.run import replay_scenario
 from gpuguard.sim.scenario import load_scenario
 from gpuguard.sim.trace import TRACE_CLASSES, load_trace
 
@@ -37,7 +38,7 @@ def _figures(starts: list[tuple[float, int, str]], nodes: int, days: float) -> d
 
 def _generated() -> tuple[list[Fault], int, float]:
     trace = load_trace("infinitehbd")
-    scenario = load_scenario().with_overrides(nodes=trace.nodes, days=trace.days)
+    scenario = replay_scenario(load_scenario(), trace)  # its fleet and days, no warm-up
     faults = generate_faults(scenario, np.random.default_rng([1, 0]))
     return faults, trace.nodes, trace.days
 

@@ -53,13 +53,13 @@ CHANGES: tuple[Change, ...] = (
     Change("slow nodes never noticed by people", {"detection": {"slow_noticed_h": None}}),
 )
 
-# What each row reports, per policy: (key, label, as a percentage).
-FIGURES: tuple[tuple[str, str, bool], ...] = (
-    ("job_success_by_gpu_hours", "success/GPU-h %", True),
-    ("job_success_512", "512+ %", True),
-    ("ettr", "ETTR", False),
-    ("effective", "effective", False),
-    ("slot_availability", "slots %", True),
+# What each row reports, per policy: (key, label, scale, decimals).
+FIGURES: tuple[tuple[str, str, float, int], ...] = (
+    ("job_success_by_gpu_hours", "success/GPU-h %", 100.0, 1),
+    ("job_success_512", "512+ %", 100.0, 1),
+    ("ettr", "ETTR", 1.0, 3),
+    ("effective", "effective", 1.0, 3),
+    ("slot_availability", "slots %", 100.0, 3),  # the target, 99.95 %, needs the third
 )
 
 
@@ -125,24 +125,23 @@ def sensitivity(
 
 def _over(runs: list[dict[str, dict[str, float | None]]], name: str) -> dict[str, Interval | None]:
     out: dict[str, Interval | None] = {}
-    for key, _, _ in FIGURES:
+    for key, *_ in FIGURES:
         values = [v for run in runs if (v := run[name][key]) is not None]
         out[key] = Interval.of(values) if values else None
     return out
 
 
-def _cell(interval: Interval | None, percent: bool) -> str:
-    return interval_text(interval, 100.0, 1) if percent else interval_text(interval, 1.0, 3)
-
-
 def table(rows: list[Row], seeds: Sequence[int]) -> str:
     """The rows as text: one line per change and policy."""
     policies = list(rows[0].figures) if rows else []
-    header = ["change", "policy", *(label for _, label, _ in FIGURES)]
+    header = ["change", "policy", *(label for _, label, *_ in FIGURES)]
     lines = [header]
     for row in rows:
         for i, name in enumerate(policies):
-            cells = [_cell(row.figures[name][key], pct) for key, _, pct in FIGURES]
+            cells = [
+                interval_text(row.figures[name][key], scale, digits)
+                for key, _, scale, digits in FIGURES
+            ]
             lines.append([row.change.label if i == 0 else "", name, *cells])
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
     text = [
