@@ -24,17 +24,19 @@ FIGURES = (
 
 def main() -> None:
     started = time.process_time()
-    header = ["days", *(f"{policy}: {label}" for label, *_ in FIGURES for policy in POLICIES)]
-    print("| " + " | ".join(header) + " |")
-    print("|---|" + "---:|" * (len(header) - 1))
+    names = " / ".join(POLICIES)
+    print("| days | " + " | ".join(f"{label} ({names})" for label, *_ in FIGURES) + " |")
+    print("|---|" + "---:|" * len(FIGURES))
     for warmup, days in WINDOWS:
         scenario = load_scenario().with_overrides(warmup_days=warmup, days=days)
         runs = simulate(scenario, seeds=5)
         cells = [f"{warmup:g}-{warmup + days:g}"]
         for _, key, scale, digits in FIGURES:
-            for policy in POLICIES:
-                values = [getattr(result, key) for result in runs.every_seed(policy)]
-                cells.append(f"{scale * Interval.of(values).mean:.{digits}f}")
+            means = [
+                scale * Interval.of([getattr(r, key) for r in runs.every_seed(policy)]).mean
+                for policy in POLICIES
+            ]
+            cells.append(" / ".join(f"{m:.{digits}f}" for m in means))
         print("| " + " | ".join(cells) + " |", flush=True)
     print(f"\n{time.process_time() - started:.0f} s of CPU")
 

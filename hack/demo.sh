@@ -7,7 +7,7 @@ gpuguard="$1"
 expect=(--expected-gpus 1 --expected-nics 3 --expected-link-gbps 400)
 status=0
 
-echo "=== A month of a 256-node GPU fleet, and a real year's faults, three ways (gpuguard simulate)"
+echo "=== A year of a 256-node GPU fleet (after a warm-up), and a real year's faults, three ways (gpuguard simulate)"
 echo "\$ gpuguard simulate --trace infinitehbd --html out/simulation.html"
 "$gpuguard" simulate --trace infinitehbd --html out/simulation.html || status=1
 
