@@ -74,7 +74,8 @@ class _Timer:
 
 def measure(case: Case) -> bool:
     """Run the case, print its figures; True when it met its goals."""
-    scenario = load_scenario().with_overrides(nodes=case.nodes, days=case.days)
+    # The goals are per simulated day: no warm-up, the case's days are all it runs.
+    scenario = load_scenario().with_overrides(nodes=case.nodes, days=case.days, warmup_days=0.0)
     runs = _Timer(Engine, "run", by=lambda engine: engine.driver.name)
     decide = _Timer(reconciler, "decide")  # the name the Reconciler calls
     passes = _Timer(reconciler.Reconciler, "reconcile")
