@@ -1,5 +1,6 @@
-"""Property-based fuzzing of the kernel log scanner: it reads any text without raising, and
-whatever Xid line it is fed, the verdict stays on the ladder and names the GPU."""
+"""Property-based fuzzing of the kernel log scanner: it reads any text, and gives findings
+on the ladder or, for text with no kernel record and no line it reads, a ParseError (never
+a quiet healthy); whatever Xid line it is fed, the verdict names the GPU."""
 
 from __future__ import annotations
 
@@ -8,18 +9,32 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.checks.kernel_log.check import RepeatScanner, classify_log, scan
-from gpuguard.model import Action, Severity
+from gpuguard.checks.kernel_log.check import RepeatScanner, classify_log, has_kernel_record, scan
+from gpuguard.errors import ParseError
+from gpuguard.model import Action, Finding, Severity
 from tests.conftest import DATA
 
 REAL_LOGS = [path.read_text() for path in sorted(DATA.glob("*.log"))]
 hexbyte = st.integers(0, 255).map(lambda n: f"{n:02x}")
 
 
+def _read(text: str) -> list[Finding] | None:
+    """The findings, or None where the text is no kernel log (and so says the scanner)."""
+    try:
+        return classify_log(text)
+    except ParseError:
+        assert not scan(text) and not has_kernel_record(text)
+        return None
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text())
-def test_any_text_is_read_without_raising(text):
-    for finding in classify_log(text):
+def test_any_text_is_read_or_refused_as_no_kernel_log(text):
+    findings = _read(text)
+    if findings is None:
+        return
+    assert scan(text) or has_kernel_record(text)  # healthy only when it is a kernel log
+    for finding in findings:
         assert finding.action in Action
         assert finding.severity in Severity
 
@@ -30,7 +45,7 @@ def test_any_text_is_read_without_raising(text):
 )
 def test_mutated_real_logs_never_raise(log, cut, insert_at, noise):
     mutated = log[: insert_at % (len(log) + 1)] + noise + log[insert_at % (len(log) + 1) :]
-    classify_log(mutated[: cut % (len(mutated) + 1)])
+    _read(mutated[: cut % (len(mutated) + 1)])
 
 
 @settings(max_examples=300, deadline=None)

@@ -244,9 +244,9 @@ def test_xid_79_in_every_address_spelling(line):
 
 def test_a_userspace_trap_is_not_a_kernel_fault():
     log = (
-        "traps: python3[1234] general protection fault ip:7f2a sp:7ffc error:0 in libc.so.6\n"
-        "traps: a.out[99] trap divide error ip:401136 sp:7ffe error:0 in a.out[401000+1000]\n"
-        "traps: train[7] trap invalid opcode ip:7f01 sp:7ffd error:0 in libtorch_cpu.so\n"
+        "[  812.1] traps: python3[1234] general protection fault ip:7f2a sp:7ffc error:0 in libc.so.6\n"
+        "[  812.2] traps: a.out[99] trap divide error ip:401136 sp:7ffe error:0 in a.out[401000+1000]\n"
+        "[  812.3] traps: train[7] trap invalid opcode ip:7f01 sp:7ffd error:0 in libtorch_cpu.so\n"
     )
     assert classify_log(log) == []
 

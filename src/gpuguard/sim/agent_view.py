@@ -158,7 +158,8 @@ class AgentView:
         deep = [self.deep_run(signals.deep).result] if signals.deep else []
         if signals.in_job:
             deep.append(in_job_result(signals.in_job))
-        kernel = classify_log("\n".join(signals.kernel))
+        # No line is no log here (the agent follows one that has other lines), not garbage.
+        kernel = classify_log("\n".join(signals.kernel)) if signals.kernel else []
         gpu, network = self._checked_results(signals.checked)
         results = [*deep, CheckResult("kernel-log", Layer.KERNEL, Outcome.OK, kernel), gpu, network]
         report = assess(results, fail_closed=True)

@@ -67,6 +67,16 @@ class KernelLogMonitor:
         for code, lines in self._kernel.add_block(block, reset).items():
             self._metrics.xids.labels(str(code)).inc(lines)
         elapsed = self._clock.monotonic() - self._started
+        garbage = self._kernel.unrecognised_bytes
+        if garbage:
+            detail = (
+                f"{NAME}: no kernel log record in the {garbage:,} bytes read from"
+                f" {self.follower.description}"
+            )
+            result = inconclusive_result(NAME, Layer.KERNEL, Outcome.UNPARSEABLE, detail, elapsed)
+            result.findings.extend(lasting(self._kernel.findings()))
+            self._state.put_kernel_status(result)
+            return
         self._state.put_kernel_status(CheckResult(NAME, Layer.KERNEL, Outcome.OK, [], elapsed))
 
     def unreadable(self, detail: str) -> None:

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from gpuguard.checks.kernel_log.check import KernelLogCheck, RepeatScanner
+from gpuguard.checks.kernel_log.check import KernelLogCheck, RepeatScanner, has_kernel_record
 from gpuguard.checks.kernel_log.incidents import Incident, IncidentKey
 from gpuguard.checks.kernel_log.tally import IncidentTally
 from gpuguard.contract.errors import ContractError
@@ -45,6 +45,10 @@ class KernelState:
         self._tally = IncidentTally()
         self._remembered: tuple[str, list[Finding]] = ("", [])
         self._events_boot = boot_id()
+        # Bytes read before the first kernel record (or line the grammar reads): a followed
+        # file of garbage is no kernel log, and must not read healthy.
+        self.unrecognised_bytes = 0
+        self._recognised = False
 
     def add_block(self, block: bytes, reset: bool) -> Counter[int]:
         """Take new log lines (``block``: complete lines); returns how many lines of each
@@ -62,10 +66,16 @@ class KernelState:
                 self._events_boot = boot
             now = self._clock()
             tally = self._tally
-            for event in self._scanner.events(block):
+            events = self._scanner.events(block)
+            for event in events:
                 tally.add(event, now)
                 if event.kind == "xid" and event.code is not None:
                     xids[event.code] += 1
+            if not self._recognised:
+                self._recognised = bool(events) or has_kernel_record(block)
+                self.unrecognised_bytes = (
+                    0 if self._recognised else self.unrecognised_bytes + len(block.strip())
+                )
             if tally.dropped:
                 log.warning("kernel log: %d line(s) of new incidents dropped", tally.dropped)
                 tally.dropped = 0

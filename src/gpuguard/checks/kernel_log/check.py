@@ -28,10 +28,19 @@ import ahocorasick_rs
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.kernel_log.messages import KERNEL_PHRASES, KernelEvent, parse_line
 from gpuguard.checks.kernel_log.tally import findings_for_events
+from gpuguard.errors import ParseError
 from gpuguard.model import Finding, Layer
 from gpuguard.sources import Artifact
 
-__all__ = ["KernelEvent", "RepeatScanner", "classify_log", "parse_line", "relevant_lines", "scan"]
+__all__ = [
+    "KernelEvent",
+    "RepeatScanner",
+    "classify_log",
+    "has_kernel_record",
+    "parse_line",
+    "relevant_lines",
+    "scan",
+]
 
 # A line holding none of these is never decoded or parsed. The driver writes "NVRM:" into
 # every message it prints; the others are the kernel's own faults and the lines that must
@@ -90,6 +99,21 @@ _STAMP = re.compile(
     rb"^(?:\[ *\d+\.\d+\]|\d+,\d+,\d+,[^;\s]{0,64};"
     rb"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)[ \t]*"
 )
+# The start of a line as each collector the agent and `gpuguard check` read writes a kernel
+# record: dmesg ("[    5.123456] "), dmesg -T ("[Fri Dec  4 05:46:09 2026] "), dmesg
+# --decode ("kern  :info  : "), /dev/kmsg ("6,1234,5678901,-;"), an ISO time (dmesg
+# --time-format=iso, journalctl -o short-iso, rsyslog) and journalctl's default short form
+# ("Dec 04 05:46:09 host kernel: "). A log with none of them, and no line the grammar
+# reads, is no kernel log: random bytes or prose must never read healthy.
+_RECORD = re.compile(
+    rb"(?m)^(?:\[ *\d+\.\d+\] "
+    rb"|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] "
+    rb"|(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local\d) *:"
+    rb"(?:emerg|alert|crit|err|warn|notice|info|debug) *: "
+    rb"|\d+,\d+,\d+,[^;\s]{0,64};"
+    rb"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s"
+    rb"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S+ kernel: )"
+)
 _CACHED_CHARS = 1024  # a longer line is parsed every time (it is no kernel record)
 _CACHED_LINES = 4096
 
@@ -140,9 +164,24 @@ def scan(log: bytes | str) -> list[KernelEvent]:
     return [event for line in relevant_lines(log) if (event := parse_line(line)) is not None]
 
 
+def has_kernel_record(log: bytes | str) -> bool:
+    """Whether any line of ``log`` starts as a collector writes a kernel record."""
+    data = log.encode("utf-8", errors="surrogatepass") if isinstance(log, str) else log
+    return _RECORD.search(data) is not None
+
+
 def classify_log(log: bytes | str, source: str = "kernel-log") -> list[Finding]:
-    """Findings for a whole kernel log."""
-    return findings_for_events(scan(log), source)
+    """Findings for a whole kernel log. A log with neither a line the grammar reads nor a
+    kernel record is a :class:`ParseError` (the check's verdict is then Unknown), empty or
+    not: garbage is never a healthy kernel."""
+    events = scan(log)
+    if not events and not has_kernel_record(log):
+        unit = "bytes" if isinstance(log, bytes) else "characters"
+        raise ParseError(
+            f"no kernel log record in {len(log):,} {unit}"
+            " (expected dmesg, journalctl -k or /dev/kmsg lines)"
+        )
+    return findings_for_events(events, source)
 
 
 class KernelLogCheck:
@@ -153,4 +192,7 @@ class KernelLogCheck:
 
     def run(self, ctx: CheckContext) -> list[Finding]:
         output = ctx.sources.read(Artifact.KERNEL_LOG, ctx.timeout_s)
-        return classify_log(output.text, source=self.name)
+        try:
+            return classify_log(output.text, source=self.name)
+        except ParseError as exc:
+            raise ParseError(f"{output.origin}: {exc}") from None
