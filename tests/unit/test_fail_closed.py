@@ -19,7 +19,7 @@ from gpuguard.checks.dcgm.check import DcgmCheck
 from gpuguard.checks.nvidia_smi.check import SmiCheck
 from gpuguard.cli import main
 from gpuguard.config import Config
-from gpuguard.model import Layer, Outcome, Status
+from gpuguard.model import Action, Layer, Outcome, Severity, Status
 from gpuguard.runner import GRACE_S, RepeatingCheck, assess, run_check
 from gpuguard.sources import LiveSources
 from tests.conftest import DATA
@@ -222,3 +222,22 @@ def test_every_missing_gpu_source_is_reported_not_merged(tmp_path, capsys):
     assert gpu["answered_by"] == []
     sources = sorted(f["source"] for f in gpu["findings"] if f["code"] == "TOOL_MISSING")
     assert sources == ["dcgm", "dcgm-exporter", "load-clocks", "nvidia-smi", "nvml"]
+
+
+@pytest.mark.parametrize(
+    ("message", "gpu"),
+    [
+        # nvidia-smi's own words when it cannot open a GPU the driver lost (after Xid 79),
+        # as users paste them: the whole output, exit status non-zero.
+        ("Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error", "3b:00.0"),
+        ("Unable to determine the device handle for GPU1: 0000:34:00.0: GPU is lost", "34:00.0"),
+    ],
+)
+def test_nvidia_smi_that_cannot_open_a_lost_gpu_names_it_lost(tmp_path, message, gpu):
+    tool = make_tool(tmp_path, "nvidia-smi", f"#!/bin/sh\necho '{message}'\nexit 255\n")
+    result = run_check(SmiCheck(), smi_context(tool))
+    assert result.outcome is Outcome.OK, result.detail
+    (finding,) = result.findings
+    assert (finding.code, finding.severity) == ("GPU_LOST", Severity.CRITICAL)
+    assert finding.action is Action.REBOOT  # a reset needs the handle nvidia-smi lacks
+    assert finding.component.id.endswith(gpu)

@@ -325,15 +325,16 @@ def test_text_lost_gpu_message_becomes_a_failed_gpu() -> None:
     gpus = parse_smi_text(with_lost_gpu(read(A10_REMAP_PENDING)))
     assert [(g.pci_bus_id, g.error) for g in gpus] == [
         ("00000000:07:00.0", None),
-        ("0000:91:00.0", "Unknown Error"),
+        ("0000:91:00.0", "GPU is lost (no device handle: Unknown Error)"),
     ]
     findings = evaluate_gpus(gpus, 2, "nvidia-smi")
     assert serious(findings) == [
         ("ROW_REMAP_PENDING", "0000:07:00.0"),
-        ("GPU_ERROR", "0000:91:00.0"),
+        ("GPU_LOST", "0000:91:00.0"),
     ]
+    # No handle, no reset: the GPU the driver lost needs the node rebooted.
     lost = findings[1]
-    assert (lost.severity, lost.action) == (Severity.CRITICAL, Action.RESET_GPU)
+    assert (lost.severity, lost.action) == (Severity.CRITICAL, Action.REBOOT)
 
 
 @pytest.mark.parametrize(
@@ -351,13 +352,13 @@ def test_text_lost_gpu_message_becomes_a_failed_gpu() -> None:
 def test_lost_gpu_message_spellings(line: str, bus_id: str, index: int, error: str | None) -> None:
     lost = parse_smi_text(with_lost_gpu(read(A10_REMAP_PENDING), line))[1]
     assert (lost.pci_bus_id, lost.index) == (bus_id, index)
-    assert lost.error == (error or "Unknown Error")
+    assert lost.error == (error or "GPU is lost (no device handle: Unknown Error)")
 
 
 def test_xml_lost_gpu_message_before_the_document() -> None:
     text = read(RTX4000_V13).replace("<attached_gpus>1<", "<attached_gpus>2<")
     gpus = parse_smi_xml(f"{LOST_LINE}\n{text}")
-    assert [g.error for g in gpus] == [None, "Unknown Error"]
+    assert [g.error for g in gpus] == [None, "GPU is lost (no device handle: Unknown Error)"]
 
 
 def test_lost_gpu_without_its_message_is_a_truncated_text_report() -> None:

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import RULES, evaluate_gpus
-from gpuguard.checks.nvidia_smi.common import SmiReport
+from gpuguard.checks.nvidia_smi.common import SmiReport, split_lost_gpus
 from gpuguard.checks.nvidia_smi.text_format import parse_smi_text, read_smi_text
 from gpuguard.checks.nvidia_smi.xml_format import parse_smi_xml, read_smi_xml
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
@@ -63,10 +63,15 @@ def _filtered(report: SmiReport) -> Finding:
 
 
 def _parse(output: ToolOutput, read: Callable[[str], SmiReport]) -> SmiReport:
-    """The report; a failed run whose output is unreadable is a failure, not garbage."""
+    """The report; a failed run whose output is unreadable is a failure, not garbage. An
+    output that is nothing but "Unable to determine the device handle" messages (nvidia-smi
+    stops there, exit status non-zero) is a report of those lost GPUs."""
     try:
         return read(output.text)
     except ParseError as exc:
+        rest, lost = split_lost_gpus(output.text)
+        if lost and not any(line.strip() for line in rest):
+            return SmiReport(len(lost), lost)
         if output.exit_code != 0:
             raise CheckFailed(f"{output.origin} exited {output.exit_code}: {exc}") from exc
         raise

@@ -129,12 +129,21 @@ def split_lost_gpus(text: str) -> tuple[list[str], list[GpuFacts]]:
     return kept, lost
 
 
+# nvidia-smi cannot open a GPU the driver has lost with NVML_ERROR_UNKNOWN ("Unknown
+# Error", what it prints after the GPU fell off the bus, Xid 79) as with
+# NVML_ERROR_GPU_IS_LOST: both read as lost (GPU_LOST, a reboot: a GPU reset needs a handle).
+# Any other reason (a permission, say) keeps its own words.
+_UNKNOWN_REASON = "unknown error"
+
+
 def _lost_gpu(rest: str) -> GpuFacts:
     reason = rest.rsplit(": ", 1)[-1].strip() if ": " in rest else ""
+    if not reason or reason.casefold() == _UNKNOWN_REASON:
+        reason = "GPU is lost (no device handle: Unknown Error)"
     bus_id = _BUS_ID.search(rest)
     index_match = _INDEX.match(rest)
     index = int(index_match[1]) if index_match else None
     # Without a bus id, name it the way the NVML check names a GPU it cannot open.
     fallback_id = "unknown" if index is None else f"unknown-{index}"
     pci_bus_id = bus_id[0] if bus_id else fallback_id
-    return GpuFacts(pci_bus_id=pci_bus_id, index=index, error=reason or "Unknown Error")
+    return GpuFacts(pci_bus_id=pci_bus_id, index=index, error=reason)
