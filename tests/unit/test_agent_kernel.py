@@ -295,3 +295,47 @@ def test_an_unreadable_log_keeps_the_hardware_faults_already_seen(tmp_path):
     finally:
         stop.set()
         thread.join(2)
+
+
+class _Sink:
+    """A follower's sink that keeps every line delivered and counts the resets."""
+
+    def __init__(self) -> None:
+        self.lines_seen: list[bytes] = []
+        self.resets = 0
+
+    def lines(self, block: bytes, reset: bool) -> None:
+        self.lines_seen.extend(block.splitlines())
+        self.resets += reset
+
+    def unreadable(self, detail: str) -> None:
+        raise AssertionError(detail)
+
+
+def _stamped(n: int, text: str) -> bytes:
+    return f"[{n:>7}.000000] {text}\n".encode()
+
+
+def test_copytruncate_refilled_past_the_old_position_loses_no_xid(tmp_path):
+    # logrotate's copytruncate: the file is copied away and cut to nothing in place (same
+    # inode), and the kernel's next lines land at its start. When more than was read
+    # before arrives between two polls, size and inode look as if the file had grown:
+    # the new head, with its Xid, must be read all the same. Every offset of the Xid in a
+    # 1,000-line refill, after a short and a long old file.
+    log = tmp_path / "kern.log"
+    refill = [_stamped(10_000 + n, f"usb 1-{n}: new device") for n in range(1000)]
+    xid = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off"
+    for old_lines in (1, 300):
+        old = b"".join(_stamped(n, "boot chatter") for n in range(old_lines))
+        for at in range(1000):
+            log.write_bytes(old)
+            follower, sink = FileFollower(log), _Sink()
+            follower.poll(sink)
+            lines = list(refill)
+            lines[at] = _stamped(10_000 + at, xid)
+            with log.open("r+b") as handle:  # truncated and refilled between two polls
+                handle.truncate(0)
+                handle.write(b"".join(lines))
+            follower.poll(sink)
+            assert any(b"Xid" in line for line in sink.lines_seen), (old_lines, at)
+            assert sink.resets == 2

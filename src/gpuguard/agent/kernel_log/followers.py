@@ -28,6 +28,7 @@ from gpuguard.sources import KMSG, drain_kmsg, kernel_log_methods, kmsg_message
 POLL_S = 0.1
 READ_BYTES = 1 << 20
 MISSING_GRACE_S = 1.0
+HEAD_BYTES = 256  # what tells a copy-truncated and refilled file from the one read
 
 
 class LogSink(Protocol):
@@ -45,7 +46,12 @@ class Follower(Protocol):
 
 
 class FileFollower:
-    """A plain file (``kern.log``, a test's log): polled for growth every 100 ms."""
+    """A plain file (``kern.log``, a test's log): polled for growth every 100 ms.
+
+    A file replaced (another inode), shorter than what was read, or whose head is no longer
+    the head that was read (logrotate's ``copytruncate`` followed by new lines past the old
+    position between two polls) is read again from the start: its new head may hold an Xid.
+    """
 
     def __init__(
         self, path: Path, poll_s: float = POLL_S, grace_s: float = MISSING_GRACE_S
@@ -54,33 +60,46 @@ class FileFollower:
         self.poll_s = poll_s
         self.grace_s = grace_s
         self.description = str(path)
+        self._identity: tuple[int, int] | None = None
+        self._position = 0
+        self._head = b""  # the file's first HEAD_BYTES as read
+        self._changed: tuple[int, int] = (-1, -1)  # (size, mtime) when last looked at
+        self._cutter = LineCutter()
+        self._missing_since: float | None = None
+        self._said = False
 
     def follow(self, sink: LogSink, stop: threading.Event) -> None:
         if isinstance(info := self._stat(), str):
             raise OSError(f"{self.path}: {info}")
-        identity: tuple[int, int] | None = None
-        position = 0
-        cutter = LineCutter()
-        missing_since: float | None = None
-        said = False
+        self._identity = None
         while not stop.is_set():
-            info = self._stat()
-            if isinstance(info, str):
-                now = time.monotonic()
-                missing_since = now if missing_since is None else missing_since
-                if not said and now - missing_since >= self.grace_s:
-                    sink.unreadable(f"{self.path}: {info} for {now - missing_since:.1f}s")
-                    said = True
-                identity = None  # whatever comes back is another file: read it all
-                stop.wait(self.poll_s)
-                continue
-            missing_since, said = None, False
-            reset = identity != (info.st_dev, info.st_ino) or info.st_size < position
-            if reset:
-                identity, position, cutter = (info.st_dev, info.st_ino), 0, LineCutter()
-            if info.st_size > position or reset:
-                position = self._read(position, cutter, sink, reset, stop)
+            self.poll(sink, stop)
             stop.wait(self.poll_s)
+
+    def poll(self, sink: LogSink, stop: threading.Event | None = None) -> None:
+        """One look at the file: what is new goes to ``sink``."""
+        info = self._stat()
+        if isinstance(info, str):
+            now = time.monotonic()
+            self._missing_since = self._missing_since or now
+            if not self._said and now - self._missing_since >= self.grace_s:
+                sink.unreadable(f"{self.path}: {info} for {now - self._missing_since:.1f}s")
+                self._said = True
+            self._identity = None  # whatever comes back is another file: read it all
+            return
+        self._missing_since, self._said = None, False
+        changed = (info.st_size, info.st_mtime_ns)
+        reset = (
+            self._identity != (info.st_dev, info.st_ino)
+            or info.st_size < self._position
+            or (changed != self._changed and not self._same_head())
+        )
+        self._changed = changed
+        if reset:
+            self._identity, self._position = (info.st_dev, info.st_ino), 0
+            self._head, self._cutter = b"", LineCutter()
+        if info.st_size > self._position or reset:
+            self._read(sink, reset, stop or threading.Event())
 
     def _stat(self) -> os.stat_result | str:
         """The file's status, or what is wrong with it."""
@@ -90,25 +109,35 @@ class FileFollower:
             return "no such file"
         return info if stat.S_ISREG(info.st_mode) else "not a regular file"
 
-    def _read(
-        self, position: int, cutter: LineCutter, sink: LogSink, reset: bool, stop: threading.Event
-    ) -> int:
-        """Everything from ``position`` on, a chunk at a time; the new position."""
+    def _same_head(self) -> bool:
+        """Whether the file still starts with the bytes read from its start."""
+        if not self._head:
+            return True
+        try:
+            with self.path.open("rb") as handle:
+                return handle.read(len(self._head)) == self._head
+        except OSError:
+            return True  # gone since its stat: the next poll says so
+
+    def _read(self, sink: LogSink, reset: bool, stop: threading.Event) -> None:
+        """Everything from the position on, a chunk at a time."""
         try:
             handle = self.path.open("rb")
         except FileNotFoundError:  # gone since its stat: the next poll says so
-            return position
+            return
         with handle:
-            handle.seek(position)
+            handle.seek(self._position)
             while True:
                 chunk = handle.read(READ_BYTES)
-                position += len(chunk)
-                block = cutter.feed(chunk)
+                if len(self._head) < HEAD_BYTES and self._position < HEAD_BYTES:
+                    self._head += chunk[: HEAD_BYTES - self._position]
+                self._position += len(chunk)
+                block = self._cutter.feed(chunk)
                 if block or reset:
                     sink.lines(block, reset)
                     reset = False
                 if len(chunk) < READ_BYTES or stop.is_set():
-                    return position
+                    return
 
 
 class KmsgFollower:
