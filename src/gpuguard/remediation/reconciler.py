@@ -94,6 +94,10 @@ class Reconciler:
         self._settled: dict[str, Settled] = {}  # the last plan's (decide skips them)
         # Each watched node's timers, sorted, with the node, episode and policy they are of.
         self._timers: dict[str, _Timers] = {}
+        # When this replica first saw each stamp an episode's clocks run from (a phase's
+        # start, its last action), on the clock ``reconcile`` is given: another replica's
+        # stamps are on its clock, which may be hours off this one's.
+        self._first_seen: dict[tuple[str, float, str, float], float] = {}
 
     # --- what the driver tells it -------------------------------------------------
     def load(
@@ -165,7 +169,7 @@ class Reconciler:
     ) -> Pass:
         """``population``: a snapshot of the nodes per pool, for a driver whose node
         watch tracks nodes on another thread; by default the tracked population."""
-        before = self._with_results()
+        before = {name: self._localised(e, now) for name, e in self._with_results().items()}
         if population is None:
             population = {pool: count for pool, count in self.population.items() if count}
         held = {n: o for n, o in observations.items() if n in self.held}
@@ -230,6 +234,23 @@ class Reconciler:
         self._timers[name] = known
         return known.times
 
+    def _localised(self, episode: Episode, now: float) -> Episode:
+        """The episode with its phase's start and its last action counted from when this
+        replica first saw them, when that is later than their stamps: a new leader whose
+        clock runs ahead of the one that stamped them sees a whole timeout (and the minimum
+        action interval) from the moment it took over, never an hour already gone; a stamp
+        ahead of this clock is kept, so it only ever waits longer."""
+        phase_since = self._seen(episode, "phase", episode.phase_since, now)
+        last = episode.last_action_at
+        last_action_at = None if last is None else self._seen(episode, "action", last, now)
+        if (phase_since, last_action_at) == (episode.phase_since, last):
+            return episode
+        return dataclasses.replace(episode, phase_since=phase_since, last_action_at=last_action_at)
+
+    def _seen(self, episode: Episode, what: str, stamp: float, now: float) -> float:
+        key = (episode.node, episode.opened_at, what, stamp)
+        return max(stamp, self._first_seen.setdefault(key, now))
+
     def _with_results(self) -> dict[str, Episode]:
         """Episodes waiting for an answer get the one that answers their rung and attempt."""
         episodes = dict(self.episodes)
@@ -253,6 +274,12 @@ class Reconciler:
         self._settled = plan.settled
         closed = [e for e in plan.episodes.values() if e.phase is Phase.CLOSED]
         self.episodes = {n: e for n, e in plan.episodes.items() if e.phase is not Phase.CLOSED}
+        for episode in self.episodes.values():  # this replica's own stamps: seen as made
+            for what, stamp in (("phase", episode.phase_since), ("action", episode.last_action_at)):
+                if stamp is not None:
+                    self._seen(episode, what, stamp, min(stamp, now))
+        live = {(e.node, e.opened_at) for e in self.episodes.values()}
+        self._first_seen = {k: t for k, t in self._first_seen.items() if k[:2] in live}
         for episode in closed:
             self._results.pop((episode.node, episode.opened_at), None)
         self.history.add(closed)
