@@ -54,6 +54,8 @@ class Applier:
         # each episode write is conditional on it.
         self.versions: dict[str, str] = {}
         self.evictions_blocked = False  # set by a pass whose evictions a budget refused
+        # Nodes whose last round of evictions a budget refused, every one (no other failure).
+        self.drains_blocked: set[str] = set()
 
     def note_version(self, name: str, version: str) -> None:
         """Remember ``version`` unless an answer seen earlier was already newer (a watch
@@ -168,6 +170,10 @@ class Applier:
                 )
                 counts = drain.evict_pods(self.api, pods)
                 self._count_evictions(counts)
+                if counts.blocked and not counts.failed:
+                    self.drains_blocked.add(decision.node)
+                else:
+                    self.drains_blocked.discard(decision.node)
             case Kind.KILL_PODS:
                 on_node = drain.pods_on_node(self.api, decision.node)
                 pods = [

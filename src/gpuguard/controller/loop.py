@@ -480,6 +480,8 @@ class Controller:
                 self.applier.note_version(name, version)
             self.breakers.load()
             reconciler.load(stored.open, stored.closed, self.breakers.state, held=stored.held)
+            with self._lock:
+                self.silence.presume(stored.open.keys())
             self._report_unreadable(stored)
             reconciler.history.forget_before(now - self.policy.history_s)
             self.replacements.reload(reconciler.history, now)
@@ -559,7 +561,8 @@ class Controller:
         episode = self.reconciler.episodes.get(observed.name)
         if episode is not None and episode.phase is Phase.DRAINING:
             moving = self.pods.to_move(observed.name, episode.gpus)
-            return dataclasses.replace(observed, pods_to_move=moving)
+            blocked = observed.name in self.applier.drains_blocked
+            return dataclasses.replace(observed, pods_to_move=moving, drain_blocked=blocked)
         if episode is not None and episode.phase is not Phase.QUARANTINED:
             return observed
         protected_by = self.pods.protected_by(observed.name, now)

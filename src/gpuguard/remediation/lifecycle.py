@@ -244,11 +244,28 @@ class PlanBuilder:
         elif node.pods_to_move == 0:
             self.record(episode, f"drained: requesting {_label(episode)}", Phase.ACTING)
             self.request(episode)
+        elif self.now - episode.phase_since > self.policy.drain_timeout_s and node.drain_blocked:
+            self.drain_held(episode, node)
         elif self.now - episode.phase_since > self.policy.drain_timeout_s:
             self.drain_timed_out(episode, node)
         else:
             reason = f"draining for {_label(episode)}: {node.pods_to_move} pods left"
             self.emit(Kind.EVICT_PODS, node.name, reason, gpus=episode.gpus)
+
+    def drain_held(self, episode: Episode, node: NodeObservation) -> None:
+        """Past the drain timeout with every eviction refused by a PodDisruptionBudget: a
+        budget is no evidence against the machine, so the ladder does not climb and no pod
+        is forced out. The node stays cordoned and tainted on this rung, evictions retried
+        as the budget allows; said once in the episode."""
+        why = (
+            f"drain for {_label(episode)} blocked by a PodDisruptionBudget past"
+            f" {self.policy.drain_timeout_s:g}s: held on this rung (no escalation, nothing"
+            " forced); the budget's owner or a person decides"
+        )
+        if not episode.steps or episode.steps[-1].message != cut(why, MAX_MESSAGE):
+            self.record(episode, why)
+        reason = f"draining for {_label(episode)}: {node.pods_to_move} pods left"
+        self.emit(Kind.EVICT_PODS, node.name, reason, gpus=episode.gpus)
 
     def drain_timed_out(self, episode: Episode, node: NodeObservation) -> None:
         why = f"drain for {_label(episode)} timed out after {self.policy.drain_timeout_s:g}s"

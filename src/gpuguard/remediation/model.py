@@ -36,6 +36,9 @@ class NodeObservation:
     unschedulable: bool = False
     cordoned_by_us: bool = False
     pods_to_move: int = 0  # evictable pods the current drain still has to move
+    # Every eviction of the drain's last round refused by a PodDisruptionBudget (429), none
+    # failing otherwise: a budget the platform must respect, no evidence against the machine.
+    drain_blocked: bool = False
     # Pods still running on the GPUs a deferred repair waits for (the named GPUs; every GPU
     # pod when none is named); counted only while such an episode waits in QUARANTINED.
     pods_on_gpus: int = 0
