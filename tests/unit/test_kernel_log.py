@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuguard.agent.kernel_log.state import KernelState
 from gpuguard.checks.kernel_log.check import classify_log, scan
 from gpuguard.checks.kernel_log.incidents import SAMPLE_CHARS
 from gpuguard.checks.kernel_log.messages import parse_line
@@ -203,3 +204,36 @@ def test_an_incident_keeps_one_bounded_sample_and_a_bounded_list_of_processes():
     assert len(finding.evidence) <= SAMPLE_CHARS
     assert "100 line(s) on 1 GPU(s)" in finding.message
     assert finding.message.endswith("job7 (pid 7) and more")
+
+
+# Error containment lines as the driver prints them (open-gpu-kernel-modules,
+# _gpuGenerateErrorLog_GA100: "%s: %s (0x%x). RST: %s, D-RST: %s", the flags being the GPU
+# marked for a reset and for a drain and reset). The first is the driver's own example in
+# that function's comment; the others set its flags.
+CONTAINED = "[ 9.0] NVRM: Xid (PCI:0000:01:00): 94, pid=7062, Contained: CE User Channel (0x9)."
+
+
+@pytest.mark.parametrize(
+    ("flags", "severity", "action", "deferred"),
+    [
+        ("RST: No, D-RST: No", Severity.WARNING, Action.KILL_JOB, False),
+        ("RST: No, D-RST: Yes", Severity.CRITICAL, Action.RESET_GPU, True),
+        ("RST: Yes, D-RST: No", Severity.CRITICAL, Action.RESET_GPU, False),
+    ],
+)
+def test_a_contained_error_follows_the_reset_the_driver_marks(flags, severity, action, deferred):
+    (finding,) = classify_log(f"{CONTAINED} {flags}")
+    assert finding.code == "XID_94"
+    assert (finding.severity, finding.action, finding.deferred) == (severity, action, deferred)
+
+
+def test_a_gpu_marked_for_drain_and_reset_is_a_lasting_fault_not_a_job_s():
+    # The job's own Xid 94 ages out with the job; one the driver marks for a drain and
+    # reset is the GPU's and stays until the reset.
+    now = [0.0]
+    for flags, lasts in (("RST: No, D-RST: No", False), ("RST: No, D-RST: Yes", True)):
+        state = KernelState(application_ttl_s=60, boot_id=lambda: "b", clock=lambda: now[0])
+        now[0] = 0.0
+        state.add_lines([f"{CONTAINED} {flags}"], reset=True)
+        now[0] = 3600.0
+        assert bool(state.findings()) is lasts, flags

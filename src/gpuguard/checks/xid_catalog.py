@@ -126,6 +126,19 @@ RECOVERY_ACTIONS: dict[str, tuple[Severity, Action]] = {
 # The recovery action that is a deferred repair (Finding.deferred).
 DEFERRED_RECOVERY = "drain and reset"
 
+# Error containment (Xid 94, 95): the driver ends each line with whether it marked the GPU
+# for a reset and for a drain and reset (open-gpu-kernel-modules,
+# _gpuGenerateErrorLog_GA100: "RST: %s, D-RST: %s" from bGpuResetReqd and
+# bGpuDrainAndResetReqd, which gpuMarkDeviceForReset / gpuMarkDeviceForDrainAndReset act on).
+_CONTAINMENT_MARKS = re.compile(r"\bRST: (?P<rst>Yes|No), D-RST: (?P<drst>Yes|No)", re.IGNORECASE)
+MARKED_FOR_RESET = BucketRule(
+    Severity.CRITICAL, Action.RESET_GPU, "the driver marked the GPU for reset (RST: Yes)"
+)
+MARKED_FOR_DRAIN_AND_RESET = BucketRule(
+    Severity.CRITICAL,
+    Action.RESET_GPU,
+    "the driver marked the GPU for drain and reset (D-RST: Yes): running work may end first",
+)
 _RECOVERY_CHANGE = re.compile(r"to 0x[0-9a-fA-F]+ \((?P<to>[^)]*)\)")
 _NVLINK5_SEVERITY = re.compile(r"\b(?P<word>Fatal|Non-?fatal)\b", re.IGNORECASE)
 
@@ -171,6 +184,11 @@ def judge_line(xid: int, text: str) -> Rule:
             why = f"driver recovery action is now '{recovery}'"
             return Rule(code, known.severity, known.action, why, known.deferred)
         return Rule(code, rule.severity, rule.action, rule.why)
+    marked = reset_marks(text)
+    if marked != (False, False) and rule.action <= Action.RESET_GPU:
+        reset, _ = marked
+        chosen = MARKED_FOR_RESET if reset else MARKED_FOR_DRAIN_AND_RESET
+        return Rule(code, chosen.severity, chosen.action, chosen.why, not reset)
     if xid in NVLINK5_XIDS:
         word = _NVLINK5_SEVERITY.search(text)
         chosen = DEFAULT_RULE
@@ -178,6 +196,15 @@ def judge_line(xid: int, text: str) -> Rule:
             chosen = NVLINK5_FATAL if word["word"].lower() == "fatal" else NVLINK5_NONFATAL
         return Rule(code, chosen.severity, chosen.action, chosen.why)
     return Rule(code, rule.severity, rule.action, rule.why)
+
+
+def reset_marks(text: str) -> tuple[bool, bool]:
+    """(marked for reset, marked for drain and reset) as an error-containment Xid line says;
+    (False, False) for a line that says neither or no."""
+    match = _CONTAINMENT_MARKS.search(text)
+    if match is None:
+        return False, False
+    return match["rst"].lower() == "yes", match["drst"].lower() == "yes"
 
 
 def recovery_action(text: str) -> str | None:

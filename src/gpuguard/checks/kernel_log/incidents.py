@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from gpuguard.checks.kernel_log.messages import KernelEvent
-from gpuguard.checks.xid_catalog import rule_for, xid_finding
+from gpuguard.checks.xid_catalog import reset_marks, rule_for, xid_finding
 from gpuguard.model import (
     NODE,
     Action,
@@ -186,7 +186,10 @@ def key_for(event: KernelEvent, device: str, last_app: int | None) -> IncidentKe
             return ("app", last_app, device)
         if code == 45 and event.caused_by is not None:
             return ("xid", code, device, event.caused_by)
-        return ("app", code, device) if _application(code) else ("xid", code, device, None)
+        # A line on which the driver marks the GPU for a reset is the GPU's, not the job's.
+        if _application(code) and reset_marks(event.text) == (False, False):
+            return ("app", code, device)
+        return ("xid", code, device, None)
     if kind in DRIVER_RULES:
         layer = DRIVER_RULES[kind][0]
         return ("driver", kind, gpu_or_node(device) if layer is Layer.GPU else NODE)
