@@ -194,6 +194,7 @@ def test_the_table_covers_every_driver_finding_kind():
         "GPU_UNSUPPORTED_BY_DRIVER",
         "NVIDIA_DRIVER_MISMATCH",
         "MACHINE_CHECK_FATAL",
+        "MACHINE_CHECK_PREVIOUS_BOOT_FATAL",
         "MACHINE_CHECK",
     } <= codes
     for row in ROWS:

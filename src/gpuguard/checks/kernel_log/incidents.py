@@ -84,6 +84,15 @@ KERNEL_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
 # only a restart clears it. A corrected one is worth a warning.
 MACHINE_CHECK = (Layer.KERNEL, "MACHINE_CHECK", Severity.WARNING, Action.NONE)
 MACHINE_CHECK_FATAL = (Layer.KERNEL, "MACHINE_CHECK_FATAL", Severity.CRITICAL, Action.REBOOT)
+# A BERT record (the firmware's, of the previous boot) of a fatal or recoverable error: that
+# boot ended in it and the reboot already happened, so no repair is due, but the machine
+# is not healthy on its word either: held out of service until a person decides.
+MACHINE_CHECK_PREVIOUS_BOOT = (
+    Layer.KERNEL,
+    "MACHINE_CHECK_PREVIOUS_BOOT_FATAL",
+    Severity.CRITICAL,
+    Action.NONE,
+)
 # Driver messages that are not Xids (kernel_messages.DRIVER_MESSAGES' kinds).
 DRIVER_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     "fallen_off_bus": (Layer.GPU, "GPU_FALLEN_OFF_BUS", Severity.CRITICAL, Action.REBOOT),
@@ -349,7 +358,12 @@ def _efa_finding(code: str, incident: Incident, source: str) -> Finding:
 def _kernel_rule(event: KernelEvent) -> tuple[Layer, str, Severity, Action]:
     rule = next((r for kind, r in KERNEL_RULES.items() if event.text.startswith(kind)), None)
     if rule is None:
-        rule = MACHINE_CHECK_FATAL if machine_check_is_fatal(event.line) else MACHINE_CHECK
+        if machine_check_is_fatal(event.line):
+            rule = MACHINE_CHECK_FATAL
+        elif previous_boot_was_fatal(event.line):
+            rule = MACHINE_CHECK_PREVIOUS_BOOT
+        else:
+            rule = MACHINE_CHECK
     return rule
 
 
@@ -371,6 +385,14 @@ def machine_check_is_fatal(text: str) -> bool:
         return m["seq"] is not None and m["word"].lower() in ("fatal", "recoverable")
     status = _MCA_STATUS.search(text)
     return status is not None and bool(int(status["status"], 16) & _MCA_UNCORRECTED)
+
+
+def previous_boot_was_fatal(text: str) -> bool:
+    """Whether a BERT record (no ``{N}``: drivers/acpi/apei/bert.c prints the previous
+    boot's records with a bare "[Hardware Error]: ") says that boot's error was fatal or
+    recoverable (not corrected)."""
+    m = _CPER_SEVERITY.search(text)
+    return m is not None and m["seq"] is None and m["word"].lower() in ("fatal", "recoverable")
 
 
 def gpu_or_node(device: str) -> Component:
