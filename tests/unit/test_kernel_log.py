@@ -237,3 +237,42 @@ def test_a_gpu_marked_for_drain_and_reset_is_a_lasting_fault_not_a_job_s():
         state.add_lines([f"{CONTAINED} {flags}"], reset=True)
         now[0] = 3600.0
         assert bool(state.findings()) is lasts, flags
+
+
+# The PCIe core's AER report for a device the NVIDIA driver holds (drivers/pci/pcie/aer.c,
+# aer_print_error, with dev_fmt's "AER: " since 5.1; err.c for "can't recover").
+AER_FATAL = (
+    "[ 812.101] nvidia 0000:3b:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal),"
+    " type=Transaction Layer, (Requester ID)"
+)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        AER_FATAL,
+        AER_FATAL.replace("AER: ", "").replace("Uncorrected", "Uncorrectable"),  # before 5.1
+        "[ 812.102] nvidia 0000:3b:00.0: AER: can't recover (no error_detected callback)",
+    ],
+)
+def test_a_fatal_pcie_error_on_a_gpu_is_a_reboot_of_that_gpu_s_node(line):
+    (finding,) = classify_log(line)
+    assert (finding.code, finding.severity, finding.action) == (
+        "GPU_PCIE_FATAL",
+        Severity.CRITICAL,
+        Action.REBOOT,
+    )
+    assert finding.component.id == "0000:3b:00.0"
+
+
+def test_corrected_errors_and_other_devices_pcie_errors_are_not_a_gpu_s():
+    corrected = AER_FATAL.replace("Uncorrected (Fatal)", "Corrected").replace(
+        "Transaction", "Physical"
+    )
+    bridge = AER_FATAL.replace("nvidia 0000:3b", "pcieport 0000:3a")
+    assert classify_log(corrected) == [] and classify_log(bridge) == []
+
+
+def test_the_xid_79_that_follows_speaks_for_the_pcie_error():
+    xid = "[ 812.2] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    assert codes(classify_log(f"{AER_FATAL}\n{xid}\n")) == ["XID_79"]

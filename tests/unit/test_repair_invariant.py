@@ -176,7 +176,8 @@ def _kernel_logs() -> Iterator[Finding]:
     for row in csv.DictReader(table.splitlines()):
         text = row["format"].replace("\\n", "\n")
         text = re.sub(r"%0?\d*(?:ll|l|L)?[duxX]", "1", text).replace("%s", "x")
-        yield from classify_log("NVRM: GPU 0000:3b:00.0: " + text if "NVRM" not in text else text)
+        line = "NVRM: GPU 0000:3b:00.0: " + text if "NVRM" not in text else text
+        yield from classify_log("[    1.000000] " + line)  # as dmesg prints a record
 
 
 @cache

@@ -26,7 +26,12 @@ from typing import ClassVar
 import ahocorasick_rs
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.kernel_log.messages import KERNEL_PHRASES, KernelEvent, parse_line
+from gpuguard.checks.kernel_log.messages import (
+    AER_PHRASES,
+    KERNEL_PHRASES,
+    KernelEvent,
+    parse_line,
+)
 from gpuguard.checks.kernel_log.tally import findings_for_events
 from gpuguard.errors import ParseError
 from gpuguard.model import Finding, Layer
@@ -53,7 +58,7 @@ MARKERS = (
     b"fallen off the bus",
     b"infiniband ",  # EFA through the RDMA core
     b"efa ",
-    *(phrase.encode() for phrase in KERNEL_PHRASES),
+    *(phrase.encode() for phrase in (*KERNEL_PHRASES, *AER_PHRASES)),
 )
 # Leftmost-first matching is what lets the automaton use its SIMD prefilter.
 _FINDER = ahocorasick_rs.BytesAhoCorasick(

@@ -112,9 +112,12 @@ DRIVER_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     # A GPU this driver does not support is unusable, and no repair changes that.
     "gpu_unsupported": (Layer.GPU, "GPU_UNSUPPORTED_BY_DRIVER", Severity.CRITICAL, Action.NONE),
     "driver_mismatch": (Layer.KERNEL, "NVIDIA_DRIVER_MISMATCH", Severity.CRITICAL, Action.REBOOT),
+    # The GPU's PCIe link failed beyond what the link corrects: it falls off the bus (Xid
+    # 79, which speaks for it when present); a reset of the GPU needs a working link.
+    "gpu_pcie_fatal": (Layer.GPU, "GPU_PCIE_FATAL", Severity.CRITICAL, Action.REBOOT),
 }
 # Driver messages that repeat what an Xid of the same GPU already said.
-SAME_AS_XID = {"GPU_FALLEN_OFF_BUS": 79, "GSP_RPC_ERRORS": 119}
+SAME_AS_XID = {"GPU_FALLEN_OFF_BUS": 79, "GSP_RPC_ERRORS": 119, "GPU_PCIE_FATAL": 79}
 _DRIVER_MESSAGES = {
     "GPU_FALLEN_OFF_BUS": "{who} has fallen off the PCIe bus and no longer answers its driver",
     "GPU_INIT_FAILED": "the driver could not initialise {who}",
@@ -123,6 +126,7 @@ _DRIVER_MESSAGES = {
     "NVLINK_TRAINING_FAILED": "NVLink discovery of {who} with a peer failed: its links stay down",
     "GPU_UNSUPPORTED_BY_DRIVER": "{who} is not supported by the installed driver",
     "NVIDIA_DRIVER_MISMATCH": "the NVIDIA kernel module and its user-space libraries differ",
+    "GPU_PCIE_FATAL": "{who} reported an uncorrectable fatal PCIe error (AER): its link failed",
 }
 # How many events back the line naming the GPU may stand from the line of the same
 # message that says what happened to it (other CPUs' lines can come between).

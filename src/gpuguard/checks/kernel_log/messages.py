@@ -83,6 +83,17 @@ DRIVER_PHRASES: tuple[tuple[str, tuple[str, ...]], ...] = (
 DRIVER_MESSAGES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (kind, re.compile("|".join(map(re.escape, phrases)))) for kind, phrases in DRIVER_PHRASES
 )
+# The PCIe core's AER report of an uncorrectable fatal error on a device the NVIDIA driver
+# holds (drivers/pci/pcie/aer.c, aer_print_error: "PCIe Bus Error: severity=%s, type=%s,
+# (%s)", printed for the device as "nvidia <pci>: " and, since 5.1, "AER: "; the severity
+# "Uncorrected (Fatal)", "Uncorrectable (Fatal)" in older kernels), and drivers/pci/pcie/
+# err.c's "can't recover (no error_detected callback)" for it. A bridge's or another
+# driver's device is not read here: nothing on such a line says a GPU is behind it.
+_GPU_AER = re.compile(
+    rf"\bnvidia (?P<bdf>{PCI_ADDRESS}): (?:AER: )?"
+    r"(?:(?:PCIe|CXL) Bus Error: severity=Uncorrect\w* \(Fatal\)|can't recover)"
+)
+AER_PHRASES = ("Bus Error: severity=Uncorrect", "can't recover")
 # EFA's driver logs as "efa <pci>:" or through the RDMA core as "infiniband <ibdev>:".
 _EFA = re.compile(
     rf"(?:infiniband (?P<ibdev>(?:rdmap\w+|efa_\d+))|efa (?P<pci>{PCI_ADDRESS})): (?P<text>.*)"
@@ -135,6 +146,8 @@ def parse_line(line: str) -> KernelEvent | None:
         )
     if (m := _XID.search(line)) is not None:
         return _xid_event(line, m)
+    if (m := _GPU_AER.search(line)) is not None:
+        return KernelEvent("gpu_pcie_fatal", line, m["bdf"], text=m[0])
     for kind, pattern in DRIVER_MESSAGES:
         if (match := pattern.search(line)) is not None:
             return KernelEvent(kind, line, _address(line, _NAMED_ADDRESS), text=match[0])
