@@ -80,11 +80,11 @@ def test_a_15_percent_slow_rank_is_named_within_30_steps_and_released_after_it_r
         tmp_path,
         world_size,
         until + 44,
-        # 8 ranks of 80 ms steps: the sleep that stands for the GPU wakes late when ranks
+        # 8 ranks of 120 ms steps: the sleep that stands for the GPU wakes late when ranks
         # share two cores with other work, by milliseconds that hid a 15 % slowdown of
-        # 16 ranks' 40 ms steps in the noise (named 40 steps late in a loaded full run;
-        # the judge rightly waits while the noise is that large)
-        "--step-s=0.08",
+        # 16 ranks' 40 ms steps in the noise, and of 80 ms steps once in a full run (named
+        # 48 steps late; the judge rightly waits while the noise is that large)
+        "--step-s=0.12",
         f"--slow-rank={slow_rank}",
         f"--slow-from={onset}",
         f"--slow-until={until}",
