@@ -6,24 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuguard.sim.agent_view import AgentView
-from gpuguard.sim.engine import Engine
-from gpuguard.sim.faults import (
-    DAY,
-    HOUR,
-    Effect,
-    Fault,
-    Fix,
-    Signal,
-    generate_faults,
-)
+from gpuguard.sim.faults import DAY, HOUR, Fault, generate_faults
 from gpuguard.sim.jobs import Job, JobState
-from gpuguard.sim.policies import NoPolicy
 from gpuguard.sim.report import span_text
 from gpuguard.sim.results import summarise
 from gpuguard.sim.run import replay_scenario
 from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
 from gpuguard.sim.trace import Trace
+from tests.unit.test_sim_jobs import DEAD_GPU, _fault, _run
 
 WARMUP_DAYS = 2.0
 
@@ -37,26 +27,7 @@ def _scenario(nodes: int = 2, days: float = 3.0) -> Scenario:
 
 
 def _dead_gpu(slot: int, start: float) -> Fault:
-    return Fault(
-        id=slot * 1000 + int(start),
-        slot=slot,
-        cls="gpu",
-        start=start,
-        fix=Fix.REPLACE,
-        effect=Effect.CRASH,
-        signal=Signal.XID_79,
-        gpu=0,
-        end=None,
-        slowdown=1.0,
-        lemon=False,
-        check_phase=0.0,
-    )
-
-
-def _run(scenario: Scenario, faults: list[Fault], jobs: list[Job]) -> Engine:
-    engine = Engine(scenario, faults, jobs, NoPolicy(), AgentView(), seed=1)
-    engine.run()
-    return engine
+    return _fault(slot, start, *DEAD_GPU)
 
 
 def test_the_run_lasts_the_warm_up_and_the_measured_days():
