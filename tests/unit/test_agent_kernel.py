@@ -264,27 +264,15 @@ def test_a_rotation_does_not_flap_the_kernel_layer(tmp_path):
 def test_an_unreadable_log_keeps_the_hardware_faults_already_seen(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text(XID13 + "\n" + XID79 + "\n")
-    state = NodeState([])
-    monitor = KernelLogMonitor(
-        FileFollower(log, poll_s=0.01),
-        600,
-        lambda: "boot-1",
-        state,
-        AgentMetrics(),
-        SYSTEM_CLOCK,
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
-    thread.start()
+    with monitoring(log) as report:
 
-    def kernel_and_codes():
-        report = state.report(monitor.findings, fail_closed=True)
-        if report is None:
-            return None
-        codes = {f.code for h in report.layers.values() for f in h.findings}
-        return report.layers[Layer.KERNEL].status, codes
+        def kernel_and_codes():
+            now = report()
+            if now is None:
+                return None
+            codes = {f.code for h in now.layers.values() for f in h.findings}
+            return now.layers[Layer.KERNEL].status, codes
 
-    try:
         wait_for(lambda: kernel_and_codes() == (Status.HEALTHY, {"XID_13", "XID_79"}))
         log.unlink()
         # The log is gone: the kernel layer is not healthy, and the GPU that fell off the
@@ -292,6 +280,21 @@ def test_an_unreadable_log_keeps_the_hardware_faults_already_seen(tmp_path):
         wait_for(lambda: kernel_and_codes() == (Status.UNHEALTHY, {"CHECK_FAILED", "XID_79"}))
         log.write_text("back\n")
         wait_for(lambda: kernel_and_codes() == (Status.HEALTHY, {"XID_13", "XID_79"}))
+
+
+@contextlib.contextmanager
+def monitoring(log):
+    """A KernelLogMonitor following ``log`` on its own thread, as the agent runs it; yields
+    a function that gives the node's report now (None before the first)."""
+    state = NodeState([])
+    monitor = KernelLogMonitor(
+        FileFollower(log, poll_s=0.01), 600, lambda: "boot-1", state, AgentMetrics(), SYSTEM_CLOCK
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield lambda: state.report(monitor.findings, fail_closed=True)
     finally:
         stop.set()
         thread.join(2)

@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 
 import pytest
 
-from gpuguard.agent.kernel_log.followers import FileFollower
-from gpuguard.agent.kernel_log.monitor import KernelLogMonitor
-from gpuguard.agent.metrics import AgentMetrics
-from gpuguard.agent.node_state import NodeState
 from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.cli import main
-from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.errors import ParseError
 from gpuguard.model import Layer, Status
 from tests.support.cluster import wait_for
+from tests.unit.test_agent_kernel import monitoring
 
 XID79 = (
     "[ 8811.120034] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>,"
@@ -81,26 +76,16 @@ def test_gpuguard_check_on_a_bundle_of_garbage_is_not_healthy(tmp_path, capsys):
 def test_the_agent_following_a_file_of_garbage_reports_it_until_a_record_comes(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text(PROSE + "\n")
-    state = NodeState([])
-    monitor = KernelLogMonitor(
-        FileFollower(log, poll_s=0.01), 600, lambda: "boot-1", state, AgentMetrics(), SYSTEM_CLOCK
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
-    thread.start()
+    with monitoring(log) as report:
 
-    def kernel():
-        report = state.report(monitor.findings, fail_closed=True)
-        if report is None:
-            return None
-        layer = report.layers[Layer.KERNEL]
-        return layer.status, {f.code for f in layer.findings}
+        def kernel():
+            now = report()
+            if now is None:
+                return None
+            layer = now.layers[Layer.KERNEL]
+            return layer.status, {f.code for f in layer.findings}
 
-    try:
         wait_for(lambda: kernel() == (Status.UNHEALTHY, {"OUTPUT_UNPARSEABLE"}))
         with log.open("a") as handle:
             handle.write(XID79 + "\n")
         wait_for(lambda: kernel() is not None and kernel()[0] is Status.HEALTHY)
-    finally:
-        stop.set()
-        thread.join(2)
