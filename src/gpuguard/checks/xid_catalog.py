@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from gpuguard.checks import nvlink5
 from gpuguard.checks.rules import Rule
 from gpuguard.model import Action, Component, Finding, Layer, Severity
 
@@ -102,13 +103,33 @@ OVERRIDES: dict[int, BucketRule] = {
     ),
 }
 
-NVLINK5_XIDS = frozenset(range(144, 151))
 NVLINK5_FATAL = BucketRule(
     Severity.CRITICAL, Action.RESET_GPU, "NVLink5 error the driver marks Fatal: reset the GPU"
 )
 NVLINK5_NONFATAL = BucketRule(
     Severity.INFO, Action.NONE, "NVLink5 error the driver marks Nonfatal: no action"
 )
+# NVIDIA's Xid 144-150 decode of the line's unit and error status (checks.nvlink5).
+NVLINK5_DECODED: dict[str, BucketRule] = {
+    nvlink5.RESET_GPU: BucketRule(
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        "NVIDIA's NVLink5 decode of this unit and error status: reset the GPU",
+    ),
+    nvlink5.XID_154_EVAL: BucketRule(
+        Severity.WARNING,
+        Action.KILL_JOB,
+        "NVIDIA's NVLink5 decode: the application fails; the driver's Xid 154, when it "
+        "prints one, says what the GPU needs",
+    ),
+    nvlink5.ACTION2: BucketRule(
+        Severity.WARNING,
+        Action.NONE,
+        "NVIDIA's NVLink5 decode: may need a GPU reset under a condition the line does not "
+        "show; flagged for a human",
+    ),
+    nvlink5.IGNORE: NVLINK5_NONFATAL,
+}
 
 # Xid 154 text (recovery action names printed by the driver) -> action.
 RECOVERY_ACTIONS: dict[str, tuple[Severity, Action]] = {
@@ -140,7 +161,6 @@ MARKED_FOR_DRAIN_AND_RESET = BucketRule(
     "the driver marked the GPU for drain and reset (D-RST: Yes): running work may end first",
 )
 _RECOVERY_CHANGE = re.compile(r"to 0x[0-9a-fA-F]+ \((?P<to>[^)]*)\)")
-_NVLINK5_SEVERITY = re.compile(r"\b(?P<word>Fatal|Non-?fatal)\b", re.IGNORECASE)
 
 
 @cache
@@ -189,13 +209,20 @@ def judge_line(xid: int, text: str) -> Rule:
         reset, _ = marked
         chosen = MARKED_FOR_RESET if reset else MARKED_FOR_DRAIN_AND_RESET
         return Rule(code, chosen.severity, chosen.action, chosen.why, not reset)
-    if xid in NVLINK5_XIDS:
-        word = _NVLINK5_SEVERITY.search(text)
-        chosen = DEFAULT_RULE
-        if word:
-            chosen = NVLINK5_FATAL if word["word"].lower() == "fatal" else NVLINK5_NONFATAL
+    if xid in nvlink5.XIDS:
+        chosen = _nvlink5_rule(xid, text)
         return Rule(code, chosen.severity, chosen.action, chosen.why)
     return Rule(code, rule.severity, rule.action, rule.why)
+
+
+def _nvlink5_rule(xid: int, text: str) -> BucketRule:
+    """The graver of the driver's Fatal/Nonfatal word and NVIDIA's decode of the status."""
+    decoded = nvlink5.decode(xid, text)
+    if decoded is None:
+        return DEFAULT_RULE
+    word = NVLINK5_FATAL if decoded.fatal else NVLINK5_NONFATAL
+    table = NVLINK5_DECODED.get(decoded.resolution or "", word)
+    return max(word, table, key=lambda r: (r.action, r.severity))
 
 
 def reset_marks(text: str) -> tuple[bool, bool]:
