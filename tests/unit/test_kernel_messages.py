@@ -34,6 +34,8 @@ PREFIXES = {
     "linux": "",
     "NV_DEV_PRINTF": "NVRM: GPU %04x:%02x:%02x.%x: ",  # kernel-open/common/inc/os-interface.h
     "NV_PRINTF": "NVRM: {function}: ",  # RmMsgPrefix: NVRM plus the C function's name
+    # RmMsgPrefix with the GPU-instance flag: the driver's own number for the GPU first.
+    "NV_PRINTF_GPU": "NVRM: GPU%u {function}: ",
 }
 # The first PCI address of a message is the GPU (or NVSwitch) it is about.
 PCI = re.compile(r"%04x:%02x:%02x(?:\.%x)?")

@@ -109,6 +109,8 @@ DRIVER_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     ),
     # The driver says so itself: "The GPU likely needs to be reset", "GPU marked for reset".
     "gsp_rpc_errors": (Layer.GPU, "GSP_RPC_ERRORS", Severity.CRITICAL, Action.RESET_GPU),
+    # As Xid 119 (a GSP RPC timeout, NVIDIA: RESET_GPU): its firmware stopped answering.
+    "gsp_unresponsive": (Layer.GPU, "GSP_UNRESPONSIVE", Severity.CRITICAL, Action.RESET_GPU),
     # A GPU this driver does not support is unusable, and no repair changes that.
     "gpu_unsupported": (Layer.GPU, "GPU_UNSUPPORTED_BY_DRIVER", Severity.CRITICAL, Action.NONE),
     "driver_mismatch": (Layer.KERNEL, "NVIDIA_DRIVER_MISMATCH", Severity.CRITICAL, Action.REBOOT),
@@ -117,12 +119,18 @@ DRIVER_RULES: dict[str, tuple[Layer, str, Severity, Action]] = {
     "gpu_pcie_fatal": (Layer.GPU, "GPU_PCIE_FATAL", Severity.CRITICAL, Action.REBOOT),
 }
 # Driver messages that repeat what an Xid of the same GPU already said.
-SAME_AS_XID = {"GPU_FALLEN_OFF_BUS": 79, "GSP_RPC_ERRORS": 119, "GPU_PCIE_FATAL": 79}
+SAME_AS_XID = {
+    "GPU_FALLEN_OFF_BUS": 79,
+    "GSP_RPC_ERRORS": 119,
+    "GSP_UNRESPONSIVE": 119,
+    "GPU_PCIE_FATAL": 79,
+}
 _DRIVER_MESSAGES = {
     "GPU_FALLEN_OFF_BUS": "{who} has fallen off the PCIe bus and no longer answers its driver",
     "GPU_INIT_FAILED": "the driver could not initialise {who}",
     "GPU_POWER_NOT_CONNECTED": "{who} does not have its power cables connected",
     "GSP_RPC_ERRORS": "{who} keeps timing out its GSP firmware calls; the driver asks for a reset",
+    "GSP_UNRESPONSIVE": "the GSP firmware of {who} stopped answering (heartbeat or RPC timeout)",
     "NVLINK_TRAINING_FAILED": "NVLink discovery of {who} with a peer failed: its links stay down",
     "GPU_UNSUPPORTED_BY_DRIVER": "{who} is not supported by the installed driver",
     "NVIDIA_DRIVER_MISMATCH": "the NVIDIA kernel module and its user-space libraries differ",
@@ -309,9 +317,16 @@ def _driver_finding(kind: str, incident: Incident, source: str) -> Finding:
     that fell off the bus is a fault whether or not we can tell which one."""
     layer, code, severity, action = DRIVER_RULES[kind]
     component = gpu_or_node(incident.device) if layer is Layer.GPU else NODE
-    who = component.id if incident.device else "a GPU the message does not name"
+    who = component.id if incident.device else _unnamed(incident.first)
     message = _DRIVER_MESSAGES[code].format(who=who)
     return Finding(layer, code, severity, action, component, source, message, incident.first.line)
+
+
+def _unnamed(event: KernelEvent) -> str:
+    if event.gpu_number is None:
+        return "a GPU the message does not name"
+    n = event.gpu_number
+    return f"GPU{n} (the driver's own number; no line of this log ties it to an address)"
 
 
 def _sxid_finding(incident: Incident, source: str) -> Finding:

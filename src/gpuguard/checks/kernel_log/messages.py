@@ -28,6 +28,9 @@ _NAMED_ADDRESS = re.compile(
     rf"(?:PCI:|GPU (?:at )?(?:PCI:)?)(?P<bdf>{PCI_ADDRESS})(?![0-9a-fA-F]|:[0-9a-fA-F])"
 )
 _GPU_INSTANCE = re.compile(r"GPU-I:(?P<gi>\d+)")
+# The driver's own number for a GPU (gpuGetInstance): in the prefix NV_PRINTF adds
+# ("NVRM: GPU6 _kgspRpcRecvPoll: ..."), in "from GPU4 GSP!" and "GPU0 sanity check failed".
+_GPU_NUMBER = re.compile(r"\bGPU(?P<n>\d{1,3})\b")
 
 # parse_line tries SXid first, so this never sees an NVSwitch line.
 _XID = re.compile(r"Xid\s*\((?P<where>[^)]*)\)\s*:\s*(?P<code>\d+),?\s*(?P<text>.*)")
@@ -77,6 +80,19 @@ DRIVER_PHRASES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("postRxDetLinkMask failed", "Failed to update Rx Detect Link mask"),
     ),
     ("gsp_rpc_errors", ("Rate limiting GSP RPC error prints", "Back to back GSP RPC timeout")),
+    # kernel_gsp.c: the GSP firmware stopped answering. These lines go on after the driver
+    # rate-limits its Xid 119s, and name the GPU only by the driver's own number ("GPU6").
+    (
+        "gsp_unresponsive",
+        (
+            "GSP RM heartbeat timed out",
+            "LibOS heartbeat timed out",
+            "Heartbeat timed out, currentTimeMs",
+            "sanity check failed 0x",
+            "GSP-RM unresponsive",
+            "GSP core unresponsive",
+        ),
+    ),
     ("gpu_unsupported", ("installed in this system is not supported by",)),
     ("driver_mismatch", ("API mismatch",)),
 )
@@ -130,6 +146,7 @@ class KernelEvent:
     process: str | None = None
     caused_by: int | None = None
     gpu_instance: int | None = None
+    gpu_number: int | None = None  # the driver's own number for the GPU ("GPU6")
 
 
 def parse_line(line: str) -> KernelEvent | None:
@@ -150,7 +167,8 @@ def parse_line(line: str) -> KernelEvent | None:
         return KernelEvent("gpu_pcie_fatal", line, m["bdf"], text=m[0])
     for kind, pattern in DRIVER_MESSAGES:
         if (match := pattern.search(line)) is not None:
-            return KernelEvent(kind, line, _address(line, _NAMED_ADDRESS), text=match[0])
+            device = _address(line, _NAMED_ADDRESS)
+            return KernelEvent(kind, line, device, text=match[0], gpu_number=_number(line))
     if (m := _GPU_NAMED.search(line)) is not None:
         return KernelEvent("gpu_named", line, m["bdf"])
     if (m := _EFA.search(line)) is not None:
@@ -179,7 +197,13 @@ def _xid_event(line: str, m: re.Match[str]) -> KernelEvent:
         process=process,
         caused_by=int(caused["code"]) if caused else None,
         gpu_instance=int(instance["gi"]) if instance else None,
+        gpu_number=_number(text),
     )
+
+
+def _number(text: str) -> int | None:
+    m = _GPU_NUMBER.search(text)
+    return int(m["n"]) if m else None
 
 
 def _address(text: str, pattern: re.Pattern[str] = _ADDRESS) -> str:

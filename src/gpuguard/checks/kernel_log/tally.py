@@ -27,6 +27,7 @@ from gpuguard.checks.kernel_log.messages import KernelEvent
 from gpuguard.model import Finding, Severity
 
 MAX_INCIDENTS = 512
+_MAX_NUMBERS = 64  # GPU numbers remembered (a node has at most a few dozen GPUs)
 _EVICT_AT_ONCE = 64  # room made in one go, so that a flood of new keys stays cheap
 # Kinds whose incident depends on the event alone (a driver message's may borrow its GPU
 # from the line before), and to which a repeat adds nothing but a line.
@@ -39,6 +40,9 @@ class IncidentTally:
         self._incidents: dict[IncidentKey, Incident] = {}
         self._index = 0  # events seen, for the GPU a driver message borrows
         self._named: tuple[int, str] | None = None  # (index, address) of the last GPU named
+        self._numbers: dict[
+            int, str
+        ] = {}  # the driver's GPU numbers an Xid line tied to an address
         self._last_app: int | None = None  # the latest application Xid's code
         self.dropped = 0
         # The last event and its incident: a repeat of the same event object (a flood,
@@ -62,9 +66,10 @@ class IncidentTally:
         if event.kind == "gpu_named":
             self._named = (self._index, device)
             return
-        if not device and event.kind in DRIVER_RULES and self._named is not None:
-            index, named = self._named
-            device = named if self._index - index <= _NAMED_WITHIN else ""
+        if event.gpu_number is not None and device and len(self._numbers) < _MAX_NUMBERS:
+            self._numbers[event.gpu_number] = device
+        if not device and event.kind in DRIVER_RULES:
+            device = self._borrowed_device(event)
         key = key_for(event, device, self._last_app)
         if key is None:
             return
@@ -84,6 +89,17 @@ class IncidentTally:
                 incident.followers.add(event.code)
         elif key[0] == "sxid":
             sxid_details(event, incident)
+
+    def _borrowed_device(self, event: KernelEvent) -> str:
+        """The GPU a driver message that names no address is about: the one its number
+        was tied to, else (no number) the GPU named by the line of the same message just
+        before it; "" when neither is known."""
+        if event.gpu_number is not None:
+            return self._numbers.get(event.gpu_number, "")
+        if self._named is None:
+            return ""
+        index, named = self._named
+        return named if self._index - index <= _NAMED_WITHIN else ""
 
     def drop(self, unwanted: Callable[[IncidentKey, Incident], bool]) -> bool:
         """Forget the incidents ``unwanted`` names; True when there were any."""
