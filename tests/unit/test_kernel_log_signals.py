@@ -5,6 +5,7 @@ reported by the bridge above a GPU. Lines are in the shapes their printing code 
 
 from __future__ import annotations
 
+from gpuguard.agent.kernel_log.state import KernelState
 from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.model import NODE, Action, Severity
 
@@ -60,3 +61,65 @@ def test_a_slow_gsp_answer_is_not_a_fault():
         "Function 76 (GSP_RM_CONTROL) sequence 7 (0x0 0x0)."
     )
     assert classify_log(slow) == []
+
+
+def test_a_link_that_goes_down_after_being_up_is_a_counted_flap():
+    log = "\n".join(
+        [
+            "[12.000001] mlx5_core 0000:0c:00.0 ens1f0np0: Link down",  # opened: no flap
+            "[14.500000] mlx5_core 0000:0c:00.0 ens1f0np0: Link up",
+            "[9000.10] mlx5_core 0000:0c:00.0 ens1f0np0: Link down",
+            "[9000.90] mlx5_core 0000:0c:00.0 ens1f0np0: Link up",
+            "[9100.10] mlx5_core 0000:0c:00.0 ens1f0np0: Link down",
+            "[9100.20] mlx5_core 0000:0c:00.0 ens1f0np0: Link up",
+            "[20.0] ice 0000:31:00.0 ens2f0: NIC Link is up 100 Gbps Full Duplex, FEC: RS-FEC",
+            "[21.0] bnxt_en 0000:41:00.0 ens3f0np0: NIC Link is Up, 100000 Mbps full duplex",
+        ]
+    )
+    (found,) = classify_log(log)
+    assert (found.code, found.severity, found.action) == (
+        "LINK_FLAPPED",
+        Severity.WARNING,
+        Action.NONE,
+    )
+    assert found.component.id.startswith("ens1f0np0")
+    assert "2 time(s)" in found.message
+
+
+def test_each_driver_and_bonding_spelling_of_a_flap_counts():
+    for up, down in [
+        (
+            "i40e 0000:3b:00.0 eth2: NIC Link is Up, 40 Gbps Full Duplex",
+            "i40e 0000:3b:00.0 eth2: NIC Link is Down",
+        ),
+        (
+            "ice 0000:31:00.0 ens2f0: NIC Link is up 100 Gbps Full Duplex",
+            "ice 0000:31:00.0 ens2f0: NIC Link is Down",
+        ),
+        (
+            "bond0: (slave ens1f1np1): link status definitely up, 100000 Mbps full duplex",
+            "bond0: (slave ens1f1np1): link status definitely down, disabling slave",
+        ),
+    ]:
+        (found,) = classify_log(f"[1.0] {up}\n[2.0] {down}\n")
+        assert found.code == "LINK_FLAPPED", down
+
+
+def test_links_that_only_come_up_are_healthy():
+    log = "[12.0] mlx5_core 0000:0c:00.0 ens1f0np0: Link down\n[14.5] mlx5_core 0000:0c:00.0 ens1f0np0: Link up\n"
+    assert classify_log(log) == []
+
+
+def test_the_agent_forgets_a_flap_a_time_to_live_after_it():
+    now = [0.0]
+    state = KernelState(application_ttl_s=60, boot_id=lambda: "b", clock=lambda: now[0])
+    state.add_lines(
+        [
+            "[14.5] mlx5_core 0000:0c:00.0 ib0: Link up",
+            "[90.0] mlx5_core 0000:0c:00.0 ib0: Link down",
+        ],
+        reset=True,
+    )
+    assert [f.code for f in state.findings()] == ["LINK_FLAPPED"]
+    now[0] = 3600.0
+    assert state.findings() == []

@@ -117,8 +117,9 @@ class KernelState:
             self._remembered = (boot_id, list(findings))
 
     def _expired(self, key: IncidentKey, incident: Incident, now: float) -> bool:
-        """An application fault ages out a time to live after its last line."""
-        return key[0] == "app" and now - incident.last_at > self._ttl
+        """An application fault or a link flap (an event, not a state: the port's own check
+        says whether the link is up now) ages out a time to live after its last line."""
+        return key[0] in ("app", "link") and now - incident.last_at > self._ttl
 
 
 def recall(text: str, node: str) -> tuple[str, list[Finding]]:

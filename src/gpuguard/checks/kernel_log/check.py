@@ -29,6 +29,7 @@ from gpuguard.checks.base import CheckContext
 from gpuguard.checks.kernel_log.messages import (
     AER_PHRASES,
     KERNEL_PHRASES,
+    LINK_PHRASES,
     KernelEvent,
     parse_line,
 )
@@ -58,7 +59,7 @@ MARKERS = (
     b"fallen off the bus",
     b"infiniband ",  # EFA through the RDMA core
     b"efa ",
-    *(phrase.encode() for phrase in (*KERNEL_PHRASES, *AER_PHRASES)),
+    *(phrase.encode() for phrase in (*KERNEL_PHRASES, *AER_PHRASES, *LINK_PHRASES)),
 )
 # Leftmost-first matching is what lets the automaton use its SIMD prefilter.
 _FINDER = ahocorasick_rs.BytesAhoCorasick(

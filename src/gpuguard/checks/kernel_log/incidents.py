@@ -159,7 +159,7 @@ MAX_NAMES = 8
 # An incident's key: what it is about. ("app", code, device) for an application Xid (one
 # finding per code over every GPU), ("xid", code, device, caused_by) for a hardware Xid,
 # ("driver", kind, component) for the driver's other messages, ("sxid", code, switch),
-# ("efa", code, device) and ("kernel", code).
+# ("efa", code, device), ("kernel", code) and ("link", network link) for a flap.
 IncidentKey = tuple[object, ...]
 
 
@@ -221,6 +221,8 @@ def key_for(event: KernelEvent, device: str, last_app: int | None) -> IncidentKe
         return None if rule is None else ("efa", rule[1], device)
     if kind == "kernel":
         return ("kernel", _kernel_rule(event)[1])
+    if kind == "link":
+        return ("link", device)
     return None
 
 
@@ -255,6 +257,7 @@ def incident_findings(
     findings += [_sxid_finding(i, source) for _, i in by_kind.get("sxid", [])]
     findings += [_efa_finding(str(key[1]), i, source) for key, i in by_kind.get("efa", [])]
     findings += [_kernel_finding(i, source) for _, i in by_kind.get("kernel", [])]
+    findings += [_link_finding(i, source) for _, i in by_kind.get("link", [])]
     return findings
 
 
@@ -371,6 +374,26 @@ def _efa_finding(code: str, incident: Incident, source: str) -> Finding:
         source=source,
         message=f"EFA device {incident.device}: {event.text}",
         evidence=event.line,
+    )
+
+
+def _link_finding(incident: Incident, source: str) -> Finding:
+    """A network link that went down after being up, as the network stack logged it: a
+    cable, optic or switch port fault lives where the link is, so this only warns, as the
+    port's own link_downed counter does (checks.network)."""
+    message = (
+        f"{incident.device}: the link went down {incident.lines} time(s) after being up "
+        "(the network driver's log)"
+    )
+    return Finding(
+        Layer.NETWORK,
+        "LINK_FLAPPED",
+        Severity.WARNING,
+        Action.NONE,
+        nic(incident.device),
+        source,
+        message,
+        incident.first.line,
     )
 
 

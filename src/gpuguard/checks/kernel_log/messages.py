@@ -114,6 +114,14 @@ AER_PHRASES = ("Bus Error: severity=Uncorrect", "can't recover")
 _EFA = re.compile(
     rf"(?:infiniband (?P<ibdev>(?:rdmap\w+|efa_\d+))|efa (?P<pci>{PCI_ADDRESS})): (?P<text>.*)"
 )
+# A network link's carrier as its driver logs it: mlx5e ("mlx5_core 0000:0c:00.0 ens1f0np0:
+# Link down"), Intel ice/i40e and Broadcom bnxt ("NIC Link is Down", "NIC Link is Up, ..."),
+# and the bonding driver for its ports ("(slave ens1f0np0): link status definitely down").
+_LINK = re.compile(
+    r"(?:(?P<ifname>[\w.@-]+): (?:NIC )?Link (?:is )?(?P<state>[Uu]p|[Dd]own)\b"
+    r"|\(slave (?P<slave>[\w.@-]+)\): link status definitely (?P<bond>up|down)\b)"
+)
+LINK_PHRASES = (": Link ", "NIC Link is", "link status definitely")
 # Kernel-level faults; kernel_incidents.KERNEL_RULES maps the matched words to findings.
 # An x86 die header (arch/x86/kernel/dumpstack.c: "%s: %04lx [#%d]") names the trap
 # that killed kernel code; userspace traps ("traps: python[12] general protection fault
@@ -132,9 +140,11 @@ class KernelEvent:
     """One relevant kernel log line, parsed.
 
     ``kind`` is ``xid``, ``sxid``, ``gpu_named`` (a line that names the GPU the next lines
-    of the same message are about), one of :data:`DRIVER_MESSAGES`' kinds, ``efa`` or
-    ``kernel``; ``device`` is the PCI bus id (GPU, NVSwitch, EFA) or RDMA device name as
-    printed ("" when the line names none); ``code`` the Xid/SXid number.
+    of the same message are about), one of :data:`DRIVER_MESSAGES`' kinds, ``efa``,
+    ``kernel`` or ``link`` (a network link's carrier; ``text`` is "up" or "down");
+    ``device`` is the PCI bus id (GPU, NVSwitch, EFA), RDMA device or network link name as
+    printed ("" when the line names none); ``code`` the Xid/SXid number; ``gpu_number``
+    the driver's own number for a GPU where the line gives one ("GPU6").
     """
 
     kind: str
@@ -175,6 +185,9 @@ def parse_line(line: str) -> KernelEvent | None:
         return KernelEvent("efa", line, m["ibdev"] or m["pci"], text=m["text"])
     if (m := _KERNEL.search(line)) is not None:
         return KernelEvent("kernel", line, text=line[m.start() :])
+    if (m := _LINK.search(line)) is not None:
+        state = (m["state"] or m["bond"]).lower()
+        return KernelEvent("link", line, m["ifname"] or m["slave"], text=state)
     return None
 
 

@@ -28,6 +28,7 @@ from gpuguard.model import Finding, Severity
 
 MAX_INCIDENTS = 512
 _MAX_NUMBERS = 64  # GPU numbers remembered (a node has at most a few dozen GPUs)
+_MAX_LINKS = 256  # network links whose state is remembered
 _EVICT_AT_ONCE = 64  # room made in one go, so that a flood of new keys stays cheap
 # Kinds whose incident depends on the event alone (a driver message's may borrow its GPU
 # from the line before), and to which a repeat adds nothing but a line.
@@ -40,9 +41,8 @@ class IncidentTally:
         self._incidents: dict[IncidentKey, Incident] = {}
         self._index = 0  # events seen, for the GPU a driver message borrows
         self._named: tuple[int, str] | None = None  # (index, address) of the last GPU named
-        self._numbers: dict[
-            int, str
-        ] = {}  # the driver's GPU numbers an Xid line tied to an address
+        self._numbers: dict[int, str] = {}  # GPU numbers ("GPU6") an Xid tied to an address
+        self._links_up: set[str] = set()  # network links last seen up
         self._last_app: int | None = None  # the latest application Xid's code
         self.dropped = 0
         # The last event and its incident: a repeat of the same event object (a flood,
@@ -70,6 +70,8 @@ class IncidentTally:
             self._numbers[event.gpu_number] = device
         if not device and event.kind in DRIVER_RULES:
             device = self._borrowed_device(event)
+        if event.kind == "link" and not self._flapped(device, event.text):
+            return
         key = key_for(event, device, self._last_app)
         if key is None:
             return
@@ -89,6 +91,18 @@ class IncidentTally:
                 incident.followers.add(event.code)
         elif key[0] == "sxid":
             sxid_details(event, incident)
+
+    def _flapped(self, link: str, state: str) -> bool:
+        """Whether a carrier line is a flap: a link seen up going down. A link comes up
+        through "down" when it is opened, which is no flap."""
+        if state == "up":
+            if len(self._links_up) < _MAX_LINKS:
+                self._links_up.add(link)
+            return False
+        if link not in self._links_up:
+            return False
+        self._links_up.discard(link)
+        return True
 
     def _borrowed_device(self, event: KernelEvent) -> str:
         """The GPU a driver message that names no address is about: the one its number
