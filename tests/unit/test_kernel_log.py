@@ -265,12 +265,14 @@ def test_a_fatal_pcie_error_on_a_gpu_is_a_reboot_of_that_gpu_s_node(line):
     assert finding.component.id == "0000:3b:00.0"
 
 
-def test_corrected_errors_and_other_devices_pcie_errors_are_not_a_gpu_s():
+def test_corrected_errors_are_nothing_and_another_device_s_fatal_error_is_no_gpu_s():
     corrected = AER_FATAL.replace("Uncorrected (Fatal)", "Corrected").replace(
         "Transaction", "Physical"
     )
     bridge = AER_FATAL.replace("nvidia 0000:3b", "pcieport 0000:3a")
-    assert classify_log(corrected) == [] and classify_log(bridge) == []
+    assert classify_log(corrected) == []
+    # No boot line says what is below 0000:3a: the node is held, no GPU is named.
+    assert [(f.code, f.component.kind) for f in classify_log(bridge)] == [("PCIE_FATAL", "node")]
 
 
 def test_the_xid_79_that_follows_speaks_for_the_pcie_error():

@@ -123,3 +123,64 @@ def test_the_agent_forgets_a_flap_a_time_to_live_after_it():
     assert [f.code for f in state.findings()] == ["LINK_FLAPPED"]
     now[0] = 3600.0
     assert state.findings() == []
+
+
+# A boot's enumeration (drivers/pci/probe.c, setup-bus.c) of a PCIe switch with two H100s
+# below root port 0000:97:01.0, and an NVMe drive below another port.
+BOOT = [
+    "[    1.201000] pci 0000:97:01.0: [8086:352a] type 01 class 0x060400 PCIe Root Port",
+    "[    1.202000] pci 0000:98:00.0: [1000:c030] type 01 class 0x060400 PCIe Switch Upstream Port",
+    "[    1.210000] pci 0000:9b:00.0: [10de:2330] type 00 class 0x030200 PCIe Endpoint",
+    "[    1.211000] pci 0000:9c:00.0: [10de:2330] type 00 class 0x030200",
+    "[    1.212000] pci 0000:9d:00.0: [10de:22a3] type 00 class 0x068000",  # an NVSwitch
+    "[    1.300000] pci 0000:97:01.0: PCI bridge to [bus 98-9c]",
+    "[    1.300100] pci 0000:00:1d.0: PCI bridge to [bus 02]",
+]
+
+
+def test_a_fatal_error_on_the_bridge_above_gpus_is_their_fault():
+    log = [
+        *BOOT,
+        "[ 8812.1] pcieport 0000:97:01.0: AER: Uncorrected (Fatal) error received: 0000:97:01.0",
+        "[ 8812.1] pcieport 0000:97:01.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), "
+        "type=Transaction Layer, (Receiver ID)",
+        "[ 8812.1] pcieport 0000:97:01.0: AER:   device [8086:352a] error status/mask=00040000/00180000",
+    ]
+    found = classify_log("\n".join(log))
+    assert sorted((f.code, f.component.id, f.action) for f in found) == [
+        ("GPU_PCIE_FATAL", "0000:9b:00.0", Action.REBOOT),
+        ("GPU_PCIE_FATAL", "0000:9c:00.0", Action.REBOOT),
+    ]
+
+
+def test_the_root_port_naming_a_gpu_as_the_source_names_that_gpu():
+    line = "[9.0] pcieport 0000:97:01.0: AER: Uncorrectable (Fatal) error message received from 0000:9c:00.0"
+    (found,) = classify_log("\n".join([*BOOT, line]))
+    assert (found.code, found.component.id) == ("GPU_PCIE_FATAL", "0000:9c:00.0")
+
+
+def test_a_fatal_error_with_no_gpu_known_below_holds_the_node_for_a_person():
+    for log in (
+        [
+            *BOOT,
+            "[9.0] pcieport 0000:00:1d.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=Data Link Layer, (Receiver ID)",
+        ],
+        [
+            "[9.0] pcieport 0000:97:01.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)"
+        ],
+    ):
+        (found,) = classify_log("\n".join(log))
+        assert (found.code, found.component, found.severity, found.action) == (
+            "PCIE_FATAL",
+            NODE,
+            Severity.CRITICAL,
+            Action.NONE,
+        )
+
+
+def test_a_corrected_or_non_fatal_error_on_a_bridge_is_not_fatal():
+    line = (
+        "[9.0] pcieport 0000:97:01.0: AER: PCIe Bus Error: severity=Corrected, type=Physical Layer, "
+        "(Receiver ID)"
+    )
+    assert classify_log("\n".join([*BOOT, line])) == []

@@ -145,7 +145,7 @@ def deliver(lines: list[str], how: Delivery) -> list[str]:
 def expected_component(row: dict[str, str], address: str | None):
     if row["code"].startswith("SXID_"):
         return ("nvswitch", address)
-    if address is None or row["code"].startswith(("MACHINE_CHECK", "NVIDIA_DRIVER")):
+    if address is None or row["code"].startswith(("MACHINE_CHECK", "NVIDIA_DRIVER", "PCIE_FATAL")):
         return (NODE.kind, NODE.id)
     return ("gpu", gpu(address).id)
 

@@ -134,7 +134,7 @@ _DRIVER_MESSAGES = {
     "NVLINK_TRAINING_FAILED": "NVLink discovery of {who} with a peer failed: its links stay down",
     "GPU_UNSUPPORTED_BY_DRIVER": "{who} is not supported by the installed driver",
     "NVIDIA_DRIVER_MISMATCH": "the NVIDIA kernel module and its user-space libraries differ",
-    "GPU_PCIE_FATAL": "{who} reported an uncorrectable fatal PCIe error (AER): its link failed",
+    "GPU_PCIE_FATAL": "an uncorrectable fatal PCIe error (AER) on {who} or the link above it",
 }
 # How many events back the line naming the GPU may stand from the line of the same
 # message that says what happened to it (other CPUs' lines can come between).
@@ -159,7 +159,8 @@ MAX_NAMES = 8
 # An incident's key: what it is about. ("app", code, device) for an application Xid (one
 # finding per code over every GPU), ("xid", code, device, caused_by) for a hardware Xid,
 # ("driver", kind, component) for the driver's other messages, ("sxid", code, switch),
-# ("efa", code, device), ("kernel", code) and ("link", network link) for a flap.
+# ("efa", code, device), ("kernel", code), ("link", network link) for a flap and
+# ("pcie", device) for a fatal PCIe error no known GPU is below.
 IncidentKey = tuple[object, ...]
 
 
@@ -223,6 +224,8 @@ def key_for(event: KernelEvent, device: str, last_app: int | None) -> IncidentKe
         return ("kernel", _kernel_rule(event)[1])
     if kind == "link":
         return ("link", device)
+    if kind == "pcie_fatal":
+        return ("pcie", device)
     return None
 
 
@@ -258,6 +261,7 @@ def incident_findings(
     findings += [_efa_finding(str(key[1]), i, source) for key, i in by_kind.get("efa", [])]
     findings += [_kernel_finding(i, source) for _, i in by_kind.get("kernel", [])]
     findings += [_link_finding(i, source) for _, i in by_kind.get("link", [])]
+    findings += [_pcie_finding(i, source) for _, i in by_kind.get("pcie", [])]
     return findings
 
 
@@ -391,6 +395,26 @@ def _link_finding(incident: Incident, source: str) -> Finding:
         Severity.WARNING,
         Action.NONE,
         nic(incident.device),
+        source,
+        message,
+        incident.first.line,
+    )
+
+
+def _pcie_finding(incident: Incident, source: str) -> Finding:
+    """A fatal PCIe error on a device or bridge no known GPU sits at or below: the machine's
+    hardware failed, but what is behind the port is not in the log (its boot lines may have
+    left the ring buffer), so the node is held out of service and a person decides."""
+    message = (
+        f"PCIe device {incident.device} reported an uncorrectable fatal error (AER); no GPU "
+        "this log enumerated is at or below it"
+    )
+    return Finding(
+        Layer.KERNEL,
+        "PCIE_FATAL",
+        Severity.CRITICAL,
+        Action.NONE,
+        NODE,
         source,
         message,
         incident.first.line,

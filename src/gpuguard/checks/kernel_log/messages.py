@@ -109,7 +109,35 @@ _GPU_AER = re.compile(
     rf"\bnvidia (?P<bdf>{PCI_ADDRESS}): (?:AER: )?"
     r"(?:(?:PCIe|CXL) Bus Error: severity=Uncorrect\w* \(Fatal\)|can't recover)"
 )
-AER_PHRASES = ("Bus Error: severity=Uncorrect", "can't recover")
+# The same fatal error as another device reports it: a bridge above a GPU (the error is
+# about the link below it, and the kernel recovers every device under it), or the root
+# port naming the device the error message came from ("AER: Uncorrected (Fatal) error
+# received: 0000:9b:00.0"; "Uncorrectable", "error message received from" in later
+# kernels). tally.IncidentTally finds the GPUs below a bridge from the boot's own lines:
+_PORT_AER = re.compile(
+    rf"\b(?P<driver>[\w-]+) (?P<bdf>{PCI_ADDRESS}): (?:AER: )?"
+    r"(?:(?:PCIe|CXL) Bus Error: severity=Uncorrect\w* \(Fatal\)"
+    rf"|(?:Multiple )?Uncorrect\w* \(Fatal\) error (?:message )?received(?: from)?:? "
+    rf"(?P<source>{PCI_ADDRESS}))"
+)
+# the PCI core's enumeration of an NVIDIA display-class device (probe.c: "[%04x:%04x] type
+# %02x class %#08x"; class 0x03xxxx: a GPU, not an NVSwitch or a NIC) ...
+_PCI_GPU = re.compile(
+    rf"\bpci (?P<bdf>{PCI_ADDRESS}): \[10de:[0-9a-fA-F]{{4}}\] type [0-9a-f]{{2}} class 0x03"
+)
+# ... and each bridge's secondary to subordinate bus numbers (setup-bus.c: "PCI bridge to
+# %pR", the bus resource printed as "[bus 98-9c]", or "[bus 02]" for one bus).
+_PCI_BRIDGE = re.compile(
+    rf"\bpci (?P<bdf>{PCI_ADDRESS}): PCI bridge to \[bus (?P<first>[0-9a-f]{{2}})"
+    r"(?:-(?P<last>[0-9a-f]{2}))?\]"
+)
+AER_PHRASES = (
+    "Bus Error: severity=Uncorrect",
+    "can't recover",
+    "(Fatal) error ",
+    "[10de:",
+    "PCI bridge to [bus",
+)
 # EFA's driver logs as "efa <pci>:" or through the RDMA core as "infiniband <ibdev>:".
 _EFA = re.compile(
     rf"(?:infiniband (?P<ibdev>(?:rdmap\w+|efa_\d+))|efa (?P<pci>{PCI_ADDRESS})): (?P<text>.*)"
@@ -141,7 +169,10 @@ class KernelEvent:
 
     ``kind`` is ``xid``, ``sxid``, ``gpu_named`` (a line that names the GPU the next lines
     of the same message are about), one of :data:`DRIVER_MESSAGES`' kinds, ``efa``,
-    ``kernel`` or ``link`` (a network link's carrier; ``text`` is "up" or "down");
+    ``kernel``, ``link`` (a network link's carrier; ``text`` is "up" or "down"),
+    ``pcie_fatal`` (a fatal PCIe error another device reports, about ``device``: the
+    device it names or the bridge itself), ``pci_gpu`` or ``pci_bridge`` (the boot's
+    enumeration of a GPU, and of a bridge with its buses, ``text`` "98-9c");
     ``device`` is the PCI bus id (GPU, NVSwitch, EFA), RDMA device or network link name as
     printed ("" when the line names none); ``code`` the Xid/SXid number; ``gpu_number``
     the driver's own number for a GPU where the line gives one ("GPU6").
@@ -175,6 +206,14 @@ def parse_line(line: str) -> KernelEvent | None:
         return _xid_event(line, m)
     if (m := _GPU_AER.search(line)) is not None:
         return KernelEvent("gpu_pcie_fatal", line, m["bdf"], text=m[0])
+    if (m := _PORT_AER.search(line)) is not None:
+        return KernelEvent("pcie_fatal", line, m["source"] or m["bdf"], text=m[0])
+    if (m := _PCI_GPU.search(line)) is not None:
+        return KernelEvent("pci_gpu", line, m["bdf"])
+    if (m := _PCI_BRIDGE.search(line)) is not None:
+        return KernelEvent(
+            "pci_bridge", line, m["bdf"], text=f"{m['first']}-{m['last'] or m['first']}"
+        )
     for kind, pattern in DRIVER_MESSAGES:
         if (match := pattern.search(line)) is not None:
             device = _address(line, _NAMED_ADDRESS)

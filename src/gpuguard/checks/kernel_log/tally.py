@@ -24,7 +24,8 @@ from gpuguard.checks.kernel_log.incidents import (
     sxid_details,
 )
 from gpuguard.checks.kernel_log.messages import KernelEvent
-from gpuguard.model import Finding, Severity
+from gpuguard.checks.kernel_log.topology import PciTopology
+from gpuguard.model import Finding, Severity, gpu
 
 MAX_INCIDENTS = 512
 _MAX_NUMBERS = 64  # GPU numbers remembered (a node has at most a few dozen GPUs)
@@ -43,6 +44,7 @@ class IncidentTally:
         self._named: tuple[int, str] | None = None  # (index, address) of the last GPU named
         self._numbers: dict[int, str] = {}  # GPU numbers ("GPU6") an Xid tied to an address
         self._links_up: set[str] = set()  # network links last seen up
+        self._topology = PciTopology()
         self._last_app: int | None = None  # the latest application Xid's code
         self.dropped = 0
         # The last event and its incident: a repeat of the same event object (a flood,
@@ -72,9 +74,17 @@ class IncidentTally:
             device = self._borrowed_device(event)
         if event.kind == "link" and not self._flapped(device, event.text):
             return
-        key = key_for(event, device, self._last_app)
-        if key is None:
+        if self._topology.learn(event):
             return
+        if event.kind == "pcie_fatal" and (gpus := self._topology.gpus_at_or_below(device)):
+            for below in gpus:  # the GPUs' own fault, as if their driver had said so
+                self._count(event, ("driver", "gpu_pcie_fatal", gpu(below)), below, now)
+            return
+        key = key_for(event, device, self._last_app)
+        if key is not None:
+            self._count(event, key, device, now)
+
+    def _count(self, event: KernelEvent, key: IncidentKey, device: str, now: float) -> None:
         incident = self._incidents.get(key)
         if incident is None:
             if len(self._incidents) >= self._limit and not self._make_room():
