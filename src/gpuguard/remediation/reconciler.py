@@ -236,10 +236,11 @@ class Reconciler:
 
     def _localised(self, episode: Episode, now: float) -> Episode:
         """The episode with its phase's start and its last action counted from when this
-        replica first saw them, when that is later than their stamps: a new leader whose
-        clock runs ahead of the one that stamped them sees a whole timeout (and the minimum
-        action interval) from the moment it took over, never an hour already gone; a stamp
-        ahead of this clock is kept, so it only ever waits longer."""
+        replica first saw them, on its own clock: a new leader whose clock runs ahead of
+        the one that stamped them sees a whole timeout (and the minimum action interval)
+        from the moment it took over, never an hour already gone, and one whose clock runs
+        behind does not wait an hour more. The leader that stamped them sees them at once,
+        so for it nothing changes."""
         phase_since = self._seen(episode, "phase", episode.phase_since, now)
         last = episode.last_action_at
         last_action_at = None if last is None else self._seen(episode, "action", last, now)
@@ -249,7 +250,7 @@ class Reconciler:
 
     def _seen(self, episode: Episode, what: str, stamp: float, now: float) -> float:
         key = (episode.node, episode.opened_at, what, stamp)
-        return max(stamp, self._first_seen.setdefault(key, now))
+        return self._first_seen.setdefault(key, now)
 
     def _with_results(self) -> dict[str, Episode]:
         """Episodes waiting for an answer get the one that answers their rung and attempt."""
