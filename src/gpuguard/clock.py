@@ -34,3 +34,18 @@ class SystemClock:
 
 
 SYSTEM_CLOCK: Clock = SystemClock()
+
+
+class OffsetClock:
+    """A clock whose wall time is set wrong by ``offset_s`` (a machine whose NTP failed);
+    its monotonic time is the base clock's. The clock-skew tests start a controller on it."""
+
+    def __init__(self, offset_s: float, base: Clock = SYSTEM_CLOCK) -> None:
+        self.offset_s = offset_s
+        self._base = base
+
+    def monotonic(self) -> float:
+        return self._base.monotonic()
+
+    def now(self) -> float:
+        return self._base.now() + self.offset_s

@@ -116,8 +116,14 @@ class Replica:
 
 
 def start_replica(
-    plane: ControlPlane, name: str, lease_namespace: str, policy: Path, workdir: Path
+    plane: ControlPlane,
+    name: str,
+    lease_namespace: str,
+    policy: Path,
+    workdir: Path,
+    clock_offset_s: float = 0.0,
 ) -> Replica:
+    """A controller process; ``clock_offset_s`` sets its wall clock wrong by that much."""
     kubeconfig = plane.client_kubeconfig(name)
     log = workdir / f"{name}.log"
     argv = [
@@ -127,6 +133,7 @@ def start_replica(
         "controller",
         *("--kubeconfig", str(kubeconfig), "--namespace", lease_namespace, "--identity", name),
         *("--provider", "delete-node", "--policy", str(policy), "--metrics-port", "0"),
+        *("--clock-offset-s", str(clock_offset_s)),
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
@@ -149,11 +156,13 @@ class Controllers:
     workdir: Path
     started: list[Replica] = field(default_factory=list)
 
-    def start(self, role: str, policy: Mapping[str, Any]) -> Replica:
+    def start(self, role: str, policy: Mapping[str, Any], clock_offset_s: float = 0.0) -> Replica:
         name = f"{role}-{uuid.uuid4().hex[:6]}"
         path = self.workdir / f"{name}-policy.yaml"
         path.write_text(yaml.safe_dump(dict(policy)))
-        replica = start_replica(self.plane, name, self.namespace, path, self.workdir)
+        replica = start_replica(
+            self.plane, name, self.namespace, path, self.workdir, clock_offset_s
+        )
         self.started.append(replica)
         return replica
 

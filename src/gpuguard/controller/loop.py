@@ -107,7 +107,7 @@ class Controller:
         self.resync_s = resync_s
         self.retry_s = retry_s
         self.elector = LeaderElector(
-            api, namespace, LEASE_NAME, identity, lease_s=lease_s, renew_s=renew_s
+            api, namespace, LEASE_NAME, identity, lease_s=lease_s, renew_s=renew_s, clock=clock
         )
         # Every write but the Lease's goes through this view: fenced by leadership.
         self.writer = api.fenced(self.holds_lease, f"{identity} does not hold the Lease")

@@ -8,6 +8,7 @@ import signal
 import threading
 
 from gpuguard import logs
+from gpuguard.clock import SYSTEM_CLOCK, OffsetClock
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.kube.rest import load_api_for_command
@@ -38,6 +39,7 @@ def run_controller(args: argparse.Namespace) -> int:
         metrics=metrics,
         gpu_nodes=args.gpu_node_selector,
         keep_closed_s=args.keep_closed_days * 86400,
+        clock=OffsetClock(args.clock_offset_s) if args.clock_offset_s else SYSTEM_CLOCK,
     )
     log.info(
         "gpuguard controller %s starting%s (provider %s)",

@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="delete NodeRemediations of episodes closed longer ago than this (never less "
         "than the policy's lemon and breaker windows)",
     )
+    # Not for production: the wall clock set wrong by this many seconds, as on a machine
+    # whose time sync failed (the clock-skew tests of docs/reliability.md use it).
+    parser.add_argument("--clock-offset-s", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument(
         "--gpu-node-selector",
         type=_selector,
