@@ -547,7 +547,7 @@ def scrape(*lines: str) -> str:
         (
             "DCGM_FI_DEV_ROW_REMAP_PENDING{} 1",
             "DCGM_ROW_REMAP_PENDING",
-            Severity.WARNING,
+            Severity.CRITICAL,
             Action.RESET_GPU,
         ),
         (

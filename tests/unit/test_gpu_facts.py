@@ -145,7 +145,7 @@ def test_row_remap_failure_means_replace() -> None:
 
 def test_row_remap_pending_needs_a_reset() -> None:
     finding = only(judge(healthy(remap_pending=True)))
-    assert verdict(finding) == ("ROW_REMAP_PENDING", Severity.WARNING, Action.RESET_GPU)
+    assert verdict(finding) == ("ROW_REMAP_PENDING", Severity.CRITICAL, Action.RESET_GPU)
 
 
 def test_remap_status_unmeasured_under_mig_is_reported_as_info() -> None:

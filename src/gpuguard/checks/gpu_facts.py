@@ -135,10 +135,11 @@ RULES: dict[str, Rule] = table(
     # Deferred: the failing row is already out of use, so its jobs may finish first.
     Rule(
         "ROW_REMAP_PENDING",
-        Severity.WARNING,
+        Severity.CRITICAL,
         Action.RESET_GPU,
-        "the spare row takes effect only after a reset; until then the node is not Healthy"
-        " (DCGM's failure table says RESET, drain and reset)",
+        "the spare row takes effect only after a reset: no new work until then (DCGM's"
+        " DCGM_FR_PENDING_ROW_REMAP severity is RESET; NVIDIA's recovery action, drain and"
+        " reset)",
         deferred=True,
     ),
     Rule(

@@ -12,7 +12,7 @@ metric (per GPU)                   code                             severity  ac
 DCGM_FI_DEV_XID_ERRORS != 0        XID_<n> (the Xid catalog rule)   catalog   catalog
 DCGM_EXP_XID_ERRORS_COUNT > 0      XID_<n>                          catalog   catalog
 DCGM_FI_DEV_ROW_REMAP_FAILURE > 0  DCGM_ROW_REMAP_FAILURE           critical  RESET_GPU
-DCGM_FI_DEV_ROW_REMAP_PENDING > 0  DCGM_ROW_REMAP_PENDING           warning   RESET_GPU, deferred
+DCGM_FI_DEV_ROW_REMAP_PENDING > 0  DCGM_ROW_REMAP_PENDING           critical  RESET_GPU, deferred
 DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0  DCGM_ECC_DBE_VOLATILE            critical  RESET_GPU
 UNCORRECTABLE_REMAPPED_ROWS >=512  DCGM_UNCORRECTABLE_REMAPPED_ROWS warning   NONE
 UNCORRECTABLE_REMAPPED_ROWS > 0    DCGM_UNCORRECTABLE_REMAPPED_ROWS info      NONE
@@ -101,7 +101,7 @@ COUNTER_RULES = (
     ),
     CounterRule(
         "DCGM_ROW_REMAP_PENDING",
-        Severity.WARNING,
+        Severity.CRITICAL,
         Action.RESET_GPU,
         "a row remap waits for a GPU reset to take effect (drain and reset)",
         deferred=True,
