@@ -5,6 +5,7 @@ Errors name the bad key and the file, so a typo in a fleet-wide config is found 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -367,6 +368,18 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+def _nearest(key: str, model: type[BaseModel]) -> str:
+    """ "did you mean ...?" for a misspelt key, else the keys the model knows."""
+    known = list(model.model_fields)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def describe_invalid(
     exc: ValidationError,
     origin: str,
@@ -380,9 +393,10 @@ def describe_invalid(
         loc = [str(p) for p in err["loc"]]
         key = ".".join(loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            known = ", ".join(model_at(loc).model_fields)
-            problems.append(f"{key}: unknown key (known keys: {known})")
+            problems.append(f"{key}: unknown key ({_nearest(loc[-1], model_at(loc))})")
+        elif not loc:  # about the whole document: its input is all of it
+            problems.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
         else:
             message = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{key}: {message} (got {err.get('input')!r})")
+            problems.append(f"{key}: {message} (got {_short(err.get('input'))})")
     return f"{origin}: invalid {what}: " + "; ".join(problems)

@@ -80,9 +80,12 @@ def test_empty_file_gives_the_defaults(tmp_path):
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("tolerence_s: 3\n", "tolerence_s: unknown key (known keys: pool_label"),
-        ("budget:\n  max_unavailble: 3\n", "budget.max_unavailble: unknown key (known keys: max"),
-        ("breaker:\n  window: 3\n", "breaker.window: unknown key (known keys: threshold"),
+        ("tolerence_s: 3\n", "tolerence_s: unknown key (did you mean 'tolerance_s'?)"),
+        (
+            "budget:\n  max_unavailble: 3\n",
+            "budget.max_unavailble: unknown key (did you mean 'max_unavailable'?)",
+        ),
+        ("breaker:\n  window: 3\n", "breaker.window: unknown key (did you mean 'window_s'?)"),
         ("tolerance_s: -1\n", "tolerance_s: Input should be greater than or equal to 0"),
         ("tolerances:\n  XID_74: soon\n", "tolerances.XID_74"),
         ("max_attempts:\n  REBOOOT: 1\n", "max_attempts: unknown rung REBOOOT"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuguard.errors import ConfigError
-from gpuguard.sim.scenario import Scenario, bundled_scenario, load_scenario
+from gpuguard.sim.scenario import Scenario, build_scenario, bundled_scenario, load_scenario
 
 
 def test_the_default_scenario_is_the_documented_one():
@@ -26,7 +26,7 @@ def test_every_bundled_scenario_loads(name):
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("fleet: {nodez: 3}\n", "fleet.nodez: unknown key (known keys: nodes,"),
+        ("fleet: {nodez: 3}\n", "fleet.nodez: unknown key (did you mean 'nodes'?)"),
         ("fleet: {nodes: -1}\n", "fleet.nodes: Input should be greater than or equal to 1"),
         ("failures: {classes: {gpu: {rate: 1, fix: {reboot: 0.5}}}}\n", "failures.classes.gpu.fix"),
         ("failures: {classes: {gpu: {rate: 1, fix: {rebot: 1}}}}\n", "rebot: unknown key"),
@@ -74,7 +74,25 @@ def test_missing_and_non_mapping_files_are_clear_errors(tmp_path):
 def test_overrides_are_validated_too():
     scenario = Scenario().with_overrides(seed=7, days=2.5, nodes=300)
     assert (scenario.seed, scenario.days, scenario.fleet.nodes) == (7, 2.5, 300)
-    with pytest.raises(
-        ConfigError, match=r"command line: .*a job of 128 nodes cannot fit a fleet of 64"
-    ):
-        Scenario().with_overrides(nodes=64)  # the default mix has 128-node jobs
+    with pytest.raises(ConfigError, match=r"command line: .*fleet.nodes: .*greater than"):
+        Scenario().with_overrides(nodes=0)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 7, 64, 255])
+def test_a_smaller_fleet_gets_the_mix_scaled_to_it(nodes):
+    base = Scenario()
+    scaled = base.with_overrides(nodes=nodes)  # the default mix has 128-node jobs
+    sizes = [size.nodes for size in scaled.jobs.mix]
+    assert max(sizes) <= max(1, nodes // 2)
+    assert sizes == sorted(sizes)  # the mix keeps its order of sizes
+    assert [s.share for s in scaled.jobs.mix] == [s.share for s in base.jobs.mix]
+    assert Scenario().with_overrides(nodes=300).jobs.mix == base.jobs.mix  # fits: unchanged
+
+
+def test_a_scenario_error_about_the_whole_document_does_not_echo_it():
+    data = Scenario().model_dump(by_alias=True)
+    data["jobs"]["mix"] = [{"nodes": 999, "share": 1, "hours": [1, 2]}]
+    with pytest.raises(ConfigError) as caught:
+        build_scenario(data, "x.yaml")
+    assert "cannot fit a fleet of 256" in str(caught.value)
+    assert len(str(caught.value)) < 200

@@ -44,9 +44,16 @@ class _Count:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario).with_overrides(
+    base = load_scenario(args.scenario)
+    scenario = base.with_overrides(
         seed=args.seed, days=args.days, warmup_days=args.warmup_days, nodes=args.nodes
     )
+    if scenario.jobs.mix != base.jobs.mix:
+        print(
+            f"gpuguard: --nodes {args.nodes}: the job mix is scaled to the fleet"
+            f" ({base.mix_summary()} -> {scenario.mix_summary()})",
+            file=sys.stderr,
+        )
     if args.no_in_job:
         scenario = scenario.with_in_job(False)
     policy = remediation_policy(scenario, args.policy_file)

@@ -398,15 +398,31 @@ class Scenario(_Strict):
                 continue
             if key == "nodes":
                 data["fleet"]["nodes"] = value
+                data["jobs"]["mix"] = _mix_for_fleet(data["jobs"]["mix"], value)
             else:
                 data[key] = value
         return build_scenario(data, origin="command line")
+
+    def mix_summary(self) -> str:
+        """The job sizes of the mix, for a note: "1, 4, 16, 64, 128 nodes"."""
+        return ", ".join(str(size.nodes) for size in self.jobs.mix) + " nodes"
 
     def with_in_job(self, enabled: bool) -> Scenario:
         """A copy with the in-job path on or off (``--no-in-job``, the side-by-side run)."""
         return self.model_copy(
             update={"in_job": self.in_job.model_copy(update={"enabled": enabled})}
         )
+
+
+def _mix_for_fleet(mix: list[dict[str, Any]], nodes: int) -> list[dict[str, Any]]:
+    """The mix scaled to a fleet of ``nodes`` when its largest job would take more than half
+    of it (a gang job of the whole fleet never runs while a node is out): every size by
+    the same factor, so the mix keeps its shape relative to the fleet."""
+    largest = max(int(size["nodes"]) for size in mix)
+    if nodes < 1 or largest <= max(1, nodes // 2):
+        return mix
+    factor = max(1, nodes // 2) / largest
+    return [{**size, "nodes": max(1, int(size["nodes"] * factor))} for size in mix]
 
 
 _SECTIONS: dict[str, type[BaseModel]] = {
