@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuguard.config import Config
-from gpuguard.errors import CheckError
+from gpuguard.errors import CheckError, ConfigError
 from gpuguard.sources import Artifact, LiveSources
 from gpuguard.training.verdicts import SUFFIX as VERDICT_SUFFIX
 
@@ -33,7 +33,13 @@ def collect(
     target: Path, config: Config, progress: Callable[[str], None] = lambda _: None
 ) -> dict[str, str]:
     """Capture everything the live node offers into ``target``; returns the manifest."""
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / ".gpuguard-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot write the bundle there: {exc.strerror}") from None
     sources = LiveSources(config)
     manifest: dict[str, str] = {}
     for artifact in Artifact:

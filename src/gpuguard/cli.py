@@ -26,7 +26,7 @@ from gpuguard.model import Status
 from gpuguard.render import to_json, to_table
 from gpuguard.runner import run_all
 from gpuguard.sim.arguments import add_arguments as add_simulate_arguments
-from gpuguard.sources import BundleSources, LiveSources, Sources
+from gpuguard.sources import Artifact, BundleSources, LiveSources, Sources
 from gpuguard.training.options import add_arguments as add_run_arguments
 
 EXIT_CODES = {Status.HEALTHY: 0, Status.DEGRADED: 1, Status.UNHEALTHY: 2, Status.UNKNOWN: 3}
@@ -174,6 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpuguard: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A file named on the command line that a reader did not vet: one line, no traceback.
+        print(f"gpuguard: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -188,6 +194,12 @@ def _check(args: argparse.Namespace) -> int:
     if args.bundle is not None:
         if not args.bundle.is_dir():
             raise ConfigError(f"--bundle {args.bundle}: not a directory")
+        known = [*(a.value for a in Artifact), "dmesg.log", "sysfs"]
+        if not any((args.bundle / name).exists() for name in known):
+            raise ConfigError(
+                f"--bundle {args.bundle}: none of a bundle's files in it ({', '.join(known)};"
+                " `gpuguard bundle collect DIR` writes them)"
+            )
         sources = BundleSources(args.bundle)
     else:
         sources = LiveSources(config)

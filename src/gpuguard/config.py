@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuguard.errors import ConfigError
+from gpuguard.files import read_text_file
 
 DEFAULT_TIMEOUT_S = 10.0
 DEEP_CHECK_PREFIX = "deep-"
@@ -353,12 +354,13 @@ def load_config(path: Path | None) -> Config:
 
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping (an empty file is an empty one)."""
+    text = read_text_file(path, what)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(
+            f"{_yaml_where(path, exc)}: not valid YAML: {_yaml_problem(exc)}"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -366,6 +368,20 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
             f"{path}: expected a mapping of keys to values, got {type(data).__name__}"
         )
     return data
+
+
+def _yaml_where(path: Path, exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The YAML error's own words without its position in ``<unicode string>``."""
+    problem = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    if problem is None:
+        return str(exc).splitlines()[0]
+    return f"{context}, {problem}" if context else str(problem)
 
 
 def _nearest(key: str, model: type[BaseModel]) -> str:

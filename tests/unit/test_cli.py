@@ -61,7 +61,13 @@ def test_half_rate_link_example_is_caught(capsys):
     assert codes == ["LINK_RATE_DEGRADED"]
 
 
+def test_a_directory_with_no_bundle_file_is_a_usage_error(tmp_path, capsys):
+    assert main(["check", "--bundle", str(tmp_path)]) == 64
+    assert "none of a bundle's files" in capsys.readouterr().err
+
+
 def test_empty_bundle_is_unhealthy_under_fail_closed_and_unknown_without(tmp_path, capsys):
+    (tmp_path / "sysfs").mkdir()  # a bundle whose every capture failed
     status, report = check_json(capsys, "--bundle", str(tmp_path))
     assert status == 2
     assert report["layers"]["gpu"]["answered_by"] == []

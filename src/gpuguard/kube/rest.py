@@ -18,6 +18,7 @@ import contextlib
 import copy
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from lightkube.config.client_adapter import Client as http_client_for
 from lightkube.config.client_adapter import ConnectionParams
 
 from gpuguard.errors import ConfigError
+from gpuguard.files import read_text_file
 from gpuguard.kube.api_errors import (
     KubeConflict,
     KubeExpired,
@@ -126,13 +128,28 @@ class WatchEvent:
 
 
 def load_api_for_command(kubeconfig: Path | None) -> KubeApi:
-    """``load_api`` for a command line: credentials that cannot be loaded are a usage
-    error naming where they were looked for, not a traceback."""
+    """``load_api`` for a command line, finding credentials as kubectl does: the flag,
+    else the first file of ``$KUBECONFIG``, else ``~/.kube/config``, else the pod's service
+    account. Credentials that cannot be loaded are a usage error naming where they were
+    looked for, on one line, not a traceback."""
+    flag = kubeconfig is not None
+    kubeconfig = kubeconfig if flag else default_kubeconfig()
+    where = "the pod's service account"
+    if kubeconfig is not None:
+        where = f"--kubeconfig {kubeconfig}" if flag else str(kubeconfig)
+        read_text_file(kubeconfig, "kubeconfig")  # missing, binary, a directory: said plainly
     try:
         return load_api(kubeconfig)
     except KubeRejected as exc:
-        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the pod's service account"
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: {' '.join(str(exc).split())}") from None
+
+
+def default_kubeconfig() -> Path | None:
+    """The kubeconfig kubectl would read with no flag: the first existing file named in
+    ``$KUBECONFIG``, else ``~/.kube/config``; None (in-cluster) when there is neither."""
+    named = [Path(p) for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    home = Path.home() / ".kube" / "config"
+    return next((p for p in [*named, home] if p.is_file()), None)
 
 
 def load_api(

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuguard.errors import ConfigError
+from gpuguard.files import read_text_file
 from gpuguard.sim.faults import DAY, LOCI, Fault, Fix, Locus, Signal, fault_from_record
 from gpuguard.sim.scenario import Scenario
 
@@ -136,10 +137,7 @@ def load_trace(source: str | Path) -> Trace:
         resource = resources.files("gpuguard").joinpath(BUNDLED[str(source)])
         return parse_infinitehbd(resource.read_text(), str(source))
     path = Path(source)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read trace {path}: {exc.strerror}") from None
+    text = read_text_file(path, "trace")
     if path.suffix == ".json":
         return parse_infinitehbd(text, str(path))
     return parse_csv(text, str(path))
