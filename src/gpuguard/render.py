@@ -15,8 +15,13 @@ _MARK = {
 }
 
 
+# The version of `gpuguard check --json`'s document (docs/checks.md, "JSON output"): a
+# change that removes or renames a field gets a new one.
+CHECK_SCHEMA = "gpuguard.io/check/v1"
+
+
 def to_json(report: NodeReport, **extra: object) -> str:
-    return json.dumps({**report.to_dict(), **extra}, indent=2)
+    return json.dumps({"schema": CHECK_SCHEMA, **report.to_dict(), **extra}, indent=2)
 
 
 def to_table(report: NodeReport, *, verbose: bool = False, width: int = 100) -> str:

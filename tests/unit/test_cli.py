@@ -232,3 +232,10 @@ def test_unusable_credentials_are_a_usage_error_naming_the_file(tmp_path, comman
     assert "Traceback" not in done.stderr
     (line,) = [text for text in done.stderr.splitlines() if "credentials" in text]
     assert str(kubeconfig) in line and "context" in line
+
+
+def test_json_output_names_its_schema(capsys):
+    status, report = check_json(capsys, "--bundle", str(EXAMPLES / "xid79-fallen-off-bus"))
+    assert status == 2  # the example's GPU fell off the bus
+    assert report["schema"] == "gpuguard.io/check/v1"
+    assert {"status", "action", "layers", "checks", "origin"} <= set(report)

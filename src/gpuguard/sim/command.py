@@ -43,6 +43,10 @@ class _Count:
         print(f"\rsensitivity {done}/{total} runs", end=end, file=sys.stderr, flush=True)
 
 
+# The version of `gpuguard simulate --json`'s document (docs/simulator.md).
+SIMULATE_SCHEMA = "gpuguard.io/simulate/v1"
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     base = load_scenario(args.scenario)
     scenario = base.with_overrides(
@@ -78,7 +82,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         rows = sensitivity(scenario, policy, seeds=args.seeds, policies=policies, progress=count)
     seeds = simulation.seeds
     if args.json:
-        data = report_data(simulation)
+        data = {"schema": SIMULATE_SCHEMA, **report_data(simulation)}
         data["trace_replay"] = report_data(replay) if replay is not None else None
         data["sensitivity"] = sensitivity_dict(rows, seeds) if rows is not None else None
         print(json.dumps(data, indent=2))
