@@ -43,11 +43,27 @@ IMAGE_BASE ?=
 BUILDAH ?= buildah
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 
+# With buildah when it is installed, else with docker.
 image:
+ifneq ($(shell command -v $(firstword $(BUILDAH)) 2>/dev/null),)
 	$(BUILDAH) build --isolation chroot --network host --layers=false \
 	  $(if $(IMAGE_BASE),--from $(IMAGE_BASE) --pull=never) \
 	  $(if $(wildcard $(CA_BUNDLE)),--volume $(CA_BUNDLE):/etc/ssl/certs/ca-certificates.crt:ro) \
 	  --tag $(IMAGE) --file Dockerfile .
+else
+	@command -v docker >/dev/null || { echo "make image: needs buildah or docker" >&2; exit 1; }
+	docker build --network host --tag $(IMAGE) --file Dockerfile .
+endif
+
+# The chart as a package (out/gpuguard-VERSION.tgz); with CHART_REGISTRY set
+# (oci://registry.example.com/charts), also pushed there as an OCI artifact.
+HELM ?= helm
+CHART_REGISTRY ?=
+.PHONY: chart
+chart:
+	@mkdir -p out
+	$(HELM) package deploy/helm/gpuguard --destination out
+	$(if $(CHART_REGISTRY),$(HELM) push out/gpuguard-$(VERSION).tgz $(CHART_REGISTRY))
 
 # The chart's CRD, generated from the wire model (tests/unit/test_contract_crd.py checks it).
 .PHONY: crds

@@ -99,12 +99,19 @@ def namespace(api: KubeApi) -> Iterator[str]:
         kubelet.join(5)
 
 
+# The chart requires an image repository; every chart test gets a stand-in (an install on
+# the kubelet overrides it with the image it built).
+TEST_VALUES = REPO / "tests" / "support" / "chart-test-values.yaml"
+
+
 @pytest.fixture(scope="module")
 def helm() -> Callable[..., str]:
     """Runs the helm built by hack/testenv in the repository; checks its exit status."""
     binary = testenv_bin() / "helm"
 
     def run(*args: str, ok: bool = True) -> str:
+        if args and args[0] in ("template", "lint", "install", "upgrade"):
+            args = (args[0], f"--values={TEST_VALUES}", *args[1:])  # first: others override
         proc = subprocess.run(
             [str(binary), *args], cwd=REPO, capture_output=True, text=True, check=False
         )

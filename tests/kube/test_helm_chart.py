@@ -853,3 +853,12 @@ def test_agent_mark_carries_nothing_of_the_controllers(agent, episodes, more):
     answer = agent("PATCH", episode_status(episodes[NODE_A]), started_patch(**more), MERGE)
     assert denied_by_policy(answer, REMEDIATIONS_POLICY), answer
     assert "may change only status.result and status.started" in str(answer[1]["message"])
+
+
+def test_the_chart_names_no_image_of_its_own(helm):
+    # A privileged root DaemonSet must not default to a name a stranger could own.
+    err = helm("template", RELEASE, str(CHART), "--set", "image.repository=", ok=False)
+    assert "image.repository is not set" in err and "make image" in err
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["image"]["repository"] == ""
+    assert values["controller"]["dryRun"] is True  # and it acts on nothing until told

@@ -89,11 +89,12 @@ FIELD_MANAGER = "gpuguard-chart-test"
 MERGE = "application/merge-patch+json"
 POLICY_ACTIVE_TIMEOUT_S = 30.0
 RBAC_PROPAGATION_TIMEOUT_S = 20.0
+ACTING = "controller.dryRun=false"  # the chart's default is a dry run
 VARIANTS = [
-    pytest.param((), id="karpenter"),
-    pytest.param(("controller.provider=delete-node",), id="delete-node"),
-    pytest.param(("controller.dryRun=true",), id="karpenter-dry-run"),
-    pytest.param(("controller.provider=delete-node", "controller.dryRun=true"), id="delete-dry"),
+    pytest.param((ACTING,), id="karpenter"),
+    pytest.param(("controller.provider=delete-node", ACTING), id="delete-node"),
+    pytest.param((), id="karpenter-dry-run"),
+    pytest.param(("controller.provider=delete-node",), id="delete-dry"),
 ]
 
 Answer = tuple[int, Any]
@@ -157,7 +158,7 @@ def test_rendered_deployment_runs_the_controller(helm, values):
         "--gpu-node-selector",  # the agent's nodeSelector: the nodes counted as GPU nodes
         "nvidia.com/gpu.present=true",
     ]
-    if "controller.dryRun=true" in values:
+    if ACTING not in values:
         expected.append("--dry-run")
     assert container["command"] == expected
     env = {e["name"]: e.get("valueFrom") for e in container["env"]}
@@ -332,7 +333,7 @@ NODEREMEDIATION_RIGHTS = {
 def test_controller_cluster_role_follows_provider_and_dry_run(helm, values):
     objects = render(helm, *values)
     granted = verbs_by_resource(find(objects, "ClusterRole", CONTROLLER))
-    acting = "controller.dryRun=true" not in values
+    acting = ACTING in values
     delete_node = "controller.provider=delete-node" in values
     expected = {
         "/nodes": {"get", "list", "watch"}
@@ -480,7 +481,7 @@ def admin(control_plane: ControlPlane) -> Caller:
 def installed(admin_api: KubeApi, admin: Caller, helm) -> Iterator[dict[str, dict[str, Any]]]:
     applied: dict[str, dict[str, Any]] = {}
     try:
-        for obj in render(helm):
+        for obj in render(helm, ACTING):
             key = f"{obj['kind']}/{obj['metadata']['name']}"
             code, body = apply(admin, obj)
             assert code in (200, 201), f"{key} refused: {body}"
@@ -980,7 +981,7 @@ def cluster_role_of(admin: Caller, helm, controller_call) -> Iterator[Callable[.
     """Re-apply the controller's ClusterRole as rendered with other values; restored after."""
 
     def switch(*values: str) -> None:
-        role = find(render(helm, *values), "ClusterRole", CONTROLLER)
+        role = find(render(helm, ACTING, *values), "ClusterRole", CONTROLLER)
         code, body = apply(admin, role)
         assert code in (200, 201), body
 

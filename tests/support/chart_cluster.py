@@ -180,6 +180,7 @@ def _values(plane: ControlPlane, tag: str, bundle: Path) -> dict[str, Any]:
                 "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
             },
             "provider": "delete-node",
+            "dryRun": False,  # the chart's default is a dry run; these tests watch it act
             "metricsPort": free_port(),
             "policy": {},
         },

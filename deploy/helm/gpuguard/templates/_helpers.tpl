@@ -158,3 +158,9 @@ hostNetwork: true
 dnsPolicy: ClusterFirstWithHostNet
 {{- end }}
 {{- end }}
+
+{{/* The image every pod of the chart runs; image.repository has no default on purpose. */}}
+{{- define "gpuguard.image" -}}
+{{- $repository := required "image.repository is not set: build the image (make image), push it to a registry your nodes pull from, and install with --set image.repository=REGISTRY/gpuguard (README, Install on a cluster)" .Values.image.repository }}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
