@@ -17,7 +17,7 @@ import yaml
 from gpuguard.kube.rest import KubeApi
 from tests.conftest import DATA
 from tests.support.cluster import install_crd, scratch_namespace
-from tests.support.controlplane import ControlPlane
+from tests.support.controlplane import REPO, ControlPlane
 from tests.support.prometheus import (
     chart_rules,
     operator_crds,
@@ -232,3 +232,25 @@ def test_each_component_has_its_monitor(helm):
     assert [o["metadata"]["name"] for o in no_controller if o["kind"] == "ServiceMonitor"] == [
         "gpuguard"
     ]
+
+
+def test_every_alert_links_its_own_runbook_section(helm):
+    rules = [r for g in chart_rules(helm)["groups"] for r in g["rules"] if "alert" in r]
+    headings = {
+        line[3:].strip().lower()
+        for line in (REPO / "docs" / "runbooks.md").read_text().splitlines()
+        if line.startswith("## ")
+    }
+    assert {r["alert"] for r in rules} == set(ALERTS.values())
+    for rule in rules:
+        page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert page == "docs/runbooks.md" and anchor == rule["alert"].lower()
+        assert anchor in headings, f"docs/runbooks.md has no section for {rule['alert']}"
+    custom = chart_rules(helm, "prometheusRule.runbookBaseUrl=https://wiki.example/gg")
+    urls = {
+        r["annotations"]["runbook_url"]
+        for g in custom["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert all(u.startswith("https://wiki.example/gg#gpuguard") for u in urls)

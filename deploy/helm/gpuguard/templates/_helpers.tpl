@@ -164,3 +164,12 @@ dnsPolicy: ClusterFirstWithHostNet
 {{- $repository := required "image.repository is not set: build the image (make image), push it to a registry your nodes pull from, and install with --set image.repository=REGISTRY/gpuguard (README, Install on a cluster)" .Values.image.repository }}
 {{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
+
+{{/* An alert's runbook: its own runbookUrl, else its section of docs/runbooks.md. */}}
+{{- define "gpuguard.runbookUrl" -}}
+{{- if .alert.runbookUrl }}
+{{- .alert.runbookUrl }}
+{{- else }}
+{{- printf "%s#%s" (.root.Values.prometheusRule.runbookBaseUrl | default "docs/runbooks.md") (lower .name) }}
+{{- end }}
+{{- end }}
