@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--bundle", type=Path, metavar="DIR", help="inspect a captured bundle offline"
     )
     check.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
-    check.add_argument("--expected-gpus", type=int, metavar="N")
+    check.add_argument(
+        "--expected-gpus", type=int, metavar="N", help="GPUs the node should have (fewer: REPLACE)"
+    )
     check.add_argument("--expected-nics", type=int, metavar="N", help="RDMA adapters (EFA/IB)")
     check.add_argument(
         "--expected-link-gbps",
@@ -86,7 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch this node continuously and publish its health as Node conditions",
         epilog="environment: NODE_NAME names the Node when --node-name is not given",
     )
-    agent.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME")
+    agent.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        metavar="NAME",
+        help="the Node this agent reports on (default: $NODE_NAME, set by the DaemonSet)",
+    )
     agent.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
     agent.add_argument(
         "--kubeconfig", type=Path, metavar="FILE", help="default: the pod's ServiceAccount"
@@ -120,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="bundle_command", required=True, parser_class=_Parser
     )
     bundle_collect = bundle_commands.add_parser("collect", help="capture this node into DIR")
-    bundle_collect.add_argument("directory", type=Path, metavar="DIR")
+    bundle_collect.add_argument(
+        "directory", type=Path, metavar="DIR", help="where to write it (created if missing)"
+    )
     bundle_collect.add_argument(
         "--config", type=Path, metavar="FILE", help="YAML configuration file"
     )
@@ -140,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cleanup_arguments(cleanup)
 
     xid = commands.add_parser("xid", help="explain an Xid code and what gpuguard does about it")
-    xid.add_argument("code", type=int, metavar="N")
+    xid.add_argument("code", type=int, metavar="N", help="the Xid number, as in 'Xid (...): 79'")
     return parser
 
 

@@ -239,3 +239,21 @@ def test_json_output_names_its_schema(capsys):
     assert status == 2  # the example's GPU fell off the bus
     assert report["schema"] == "gpuguard.io/check/v1"
     assert {"status", "action", "layers", "checks", "origin"} <= set(report)
+
+
+def test_every_option_of_every_subcommand_has_help():
+    import argparse
+
+    from gpuguard.cli import build_parser
+
+    def missing(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += missing(sub, f"{path} {name}")
+            elif action.help is None:
+                found.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        return found
+
+    assert missing(build_parser(), "gpuguard") == []
