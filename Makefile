@@ -55,15 +55,18 @@ else
 	docker build --network host --tag $(IMAGE) --file Dockerfile .
 endif
 
-# The chart as a package (out/gpuguard-VERSION.tgz); with CHART_REGISTRY set
-# (oci://registry.example.com/charts), also pushed there as an OCI artifact.
+# The chart as a package ($(CHART_DIR)/gpuguard-VERSION.tgz); with CHART_REGISTRY set
+# (oci://registry.example.com/charts), also pushed there as an OCI artifact
+# (HELM_PUSH_FLAGS: e.g. --plain-http for a registry without TLS).
 HELM ?= helm
+CHART_DIR ?= out
 CHART_REGISTRY ?=
+HELM_PUSH_FLAGS ?=
 .PHONY: chart
 chart:
-	@mkdir -p out
-	$(HELM) package deploy/helm/gpuguard --destination out
-	$(if $(CHART_REGISTRY),$(HELM) push out/gpuguard-$(VERSION).tgz $(CHART_REGISTRY))
+	@mkdir -p $(CHART_DIR)
+	$(HELM) package deploy/helm/gpuguard --destination $(CHART_DIR)
+	$(if $(CHART_REGISTRY),$(HELM) push $(HELM_PUSH_FLAGS) $(CHART_DIR)/gpuguard-$(VERSION).tgz $(CHART_REGISTRY))
 
 # The chart's CRD, generated from the wire model (tests/unit/test_contract_crd.py checks it).
 .PHONY: crds

@@ -204,6 +204,11 @@ class RealNode(Component):
         self.ctr("images", "import", str(archive))
 
     # --- containerd ------------------------------------------------------------------
+    @property
+    def registry_hosts(self) -> Path:
+        """containerd's registry host configuration (its CRI ``config_path``)."""
+        return self.workdir / "containerd" / "certs.d"
+
     def _start_containerd(self) -> None:
         root = self.workdir / "containerd"
         (root / "cni").mkdir(parents=True, exist_ok=True)
@@ -368,4 +373,6 @@ state = "{root / "state"}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN}"
     conf_dir = "{root / "cni"}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{root / "certs.d"}"
 """
