@@ -136,7 +136,7 @@ AER_PHRASES = (
     "can't recover",
     "(Fatal) error ",
     "[10de:",
-    "PCI bridge to [bus",
+    "PCI bridge to",
 )
 # EFA's driver logs as "efa <pci>:" or through the RDMA core as "infiniband <ibdev>:".
 _EFA = re.compile(
@@ -149,7 +149,7 @@ _LINK = re.compile(
     r"(?:(?P<ifname>[\w.@-]+): (?:NIC )?Link (?:is )?(?P<state>[Uu]p|[Dd]own)\b"
     r"|\(slave (?P<slave>[\w.@-]+)\): link status definitely (?P<bond>up|down)\b)"
 )
-LINK_PHRASES = (": Link ", "NIC Link is", "link status definitely")
+LINK_PHRASES = (": Link ", "NIC Link is", "(slave ")  # few and rare: the prefilter's speed
 # Kernel-level faults; kernel_incidents.KERNEL_RULES maps the matched words to findings.
 # An x86 die header (arch/x86/kernel/dumpstack.c: "%s: %04lx [#%d]") names the trap
 # that killed kernel code; userspace traps ("traps: python[12] general protection fault
