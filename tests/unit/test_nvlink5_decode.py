@@ -96,3 +96,8 @@ def test_a_line_without_the_status_tuple_follows_its_word():
     nonfatal = "NVRM: Xid (PCI:0008:01:00): 146, TLW_CTRL Nonfatal XC0 i0 Link 02"
     assert finding_of(fatal).action is Action.RESET_GPU
     assert finding_of(nonfatal).action is Action.NONE
+
+
+def test_a_word_wider_than_the_driver_prints_is_no_row_and_no_crash():
+    found = finding_of(line(145, "RLW_REMAP", "Nonfatal", 0x1_0000_0004, 0x40))
+    assert found.action is Action.NONE  # no row fits: the word decides

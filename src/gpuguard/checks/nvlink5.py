@@ -105,6 +105,8 @@ def _by_unit(xid: int, units: frozenset[str]) -> list[DecodeRow]:
 
 
 def _matches(info: int, patterns: tuple[str, str]) -> bool:
+    if info >> 32:
+        return False  # the driver prints a 32-bit word: this line is not one of its shapes
     bits = f"{info:032b}"
     return any(
         len(p) == 32 and all(want in ("-", got) for want, got in zip(p, bits, strict=True))
