@@ -68,6 +68,13 @@ def alive_and_untainted(api: KubeApi, name: str) -> None:
     assert seen == [], "a node whose agent reports was tainted"
 
 
+def lives_then_dies(api: KubeApi, live: Agent) -> None:
+    """The node stays untainted while its agent reports, then is tainted in time once the
+    agent dies, and held."""
+    alive_and_untainted(api, live.name)
+    tainted_in_time_and_held(api, live.name, live.die())
+
+
 def tainted_in_time_and_held(api: KubeApi, name: str, last_report: float) -> None:
     deadline = AGENT_TIMEOUT_S + GRACE_S + PASS_S
     wait_for(lambda: tainted(api, name), deadline + 5, "the dead agent's node tainted")
@@ -79,21 +86,15 @@ def tainted_in_time_and_held(api: KubeApi, name: str, last_report: float) -> Non
 def test_controller_first_then_an_agent_that_dies(audited_api, controllers: Controllers):
     api = audited_api
     controllers.wait_leading(controllers.start("only", POLICY))  # finds no agent anywhere
-    name = new_node(api)
-    with agent(api, name) as live:
-        alive_and_untainted(api, name)
-        last = live.die()
-    tainted_in_time_and_held(api, name, last)
+    with agent(api, new_node(api)) as live:
+        lives_then_dies(api, live)
 
 
 def test_agent_first_then_the_controller_then_the_agent_dies(audited_api, controllers: Controllers):
     api = audited_api
-    name = new_node(api)
-    with agent(api, name) as live:
+    with agent(api, new_node(api)) as live:
         controllers.wait_leading(controllers.start("only", POLICY))
-        alive_and_untainted(api, name)
-        last = live.die()
-    tainted_in_time_and_held(api, name, last)
+        lives_then_dies(api, live)
 
 
 def test_a_pool_scaled_to_zero_and_back_then_an_agent_dies(audited_api, controllers: Controllers):
@@ -105,11 +106,8 @@ def test_a_pool_scaled_to_zero_and_back_then_an_agent_dies(audited_api, controll
     wait_for(lambda: not pool_nodes(api), 10, "the pool empty")
     # A whole agent timeout of scans that find no agent anywhere.
     assert quiet_for(AGENT_TIMEOUT_S, lambda: pool_nodes(api)) == []
-    second = new_node(api)  # and back
-    with agent(api, second) as live:
-        alive_and_untainted(api, second)
-        last = live.die()
-    tainted_in_time_and_held(api, second, last)
+    with agent(api, new_node(api)) as live:  # and back
+        lives_then_dies(api, live)
 
 
 def test_a_controller_restarted_while_an_agent_is_dead_never_releases_its_node(
