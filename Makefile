@@ -73,6 +73,13 @@ chart:
 crds: venv
 	$(BIN)/python -m gpuguard.contract.crd deploy/helm/gpuguard/crds/noderemediations.yaml
 
+# docs/img/dashboard-*.svg: both dashboards drawn from their own queries against the real
+# Prometheus of tests/kube/test_prometheus_server.py (its scenario, about a minute).
+.PHONY: dashboard-images
+dashboard-images: venv
+	DASHBOARD_IMAGES=docs/img $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  tests/kube/test_prometheus_server.py
+
 bench: venv
 	$(BIN)/python bench/kernel_log_scan.py
 	$(BIN)/python bench/check_bundle.py

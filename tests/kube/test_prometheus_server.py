@@ -10,13 +10,20 @@ opens), one of them cleared (a closed episode for the time-to-repair panels), an
 whose reports stopped (a silent agent). Bounds that would take hours are rendered short
 (TEST_VALUES). Last, the controller stops and the no-leader alert's expression must
 return its series.
+
+Both dashboards are then drawn from their own queries over the scenario
+(tests/support/dashboard_image.py); ``make dashboard-images`` keeps those drawings in
+docs/img/ (DASHBOARD_IMAGES names the folder).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import time
 import uuid
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -36,6 +43,7 @@ from gpuguard.sources import BundleSources, LiveSources
 from tests.support.cluster import make_node, pod_held_by_a_budget, set_health, wait_for
 from tests.support.controllers import POOL, Running, append, new_controller, node_name, status_of
 from tests.support.controlplane import REPO, ControlPlane
+from tests.support.dashboard_image import Window, render
 from tests.support.metrics import sample
 from tests.support.prometheus import (
     PrometheusServer,
@@ -61,6 +69,7 @@ EMPTY_HERE = {
     "GpuguardPositionAtFault": "no position at fault here: tests/kube/test_positions.py",
 }
 SCENARIO_TIMEOUT_S = 60.0
+IMAGE_AFTERMATH_S = 40.0
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +115,25 @@ def every_query(rules: dict[str, Any]) -> dict[str, str]:
 def empty_ones(prometheus: PrometheusServer, queries: dict[str, str]) -> list[str]:
     """The names whose query returns no series now (a query that does not parse fails)."""
     return [name for name, expr in queries.items() if not prometheus.query(expr)]
+
+
+def draw_dashboards(prometheus: PrometheusServer, started: float, folder: Path) -> None:
+    """Each dashboard drawn into ``folder`` (and DASHBOARD_IMAGES when set) over the time
+    since ``started``: every panel drew a series for each of its queries, and the drawing
+    is well-formed SVG."""
+    keep = os.environ.get("DASHBOARD_IMAGES")
+    if keep:
+        time.sleep(IMAGE_AFTERMATH_S)  # the documentation's drawings show the aftermath too
+    window = Window(started, time.time())
+    for file, dashboard in dashboards().items():
+        drawn = render(dashboard, prometheus, window)
+        blank = {title: counts for title, counts in drawn.series.items() if 0 in counts}
+        assert not blank, f"{file}: panels with a query that drew nothing: {blank}"
+        ElementTree.fromstring(drawn.svg)
+        image = f"dashboard-{Path(file).stem.removeprefix('gpuguard-')}.svg"
+        for where in [folder, *([Path(keep)] if keep else [])]:
+            where.mkdir(parents=True, exist_ok=True)
+            (where / image).write_text(drawn.svg + "\n")
 
 
 def test_every_dashboard_and_rule_query_parses_and_returns_series(
@@ -163,6 +191,7 @@ def test_every_dashboard_and_rule_query_parses_and_returns_series(
             PrometheusServer(tmp_path / "prometheus", bin_dir, jobs, rules)
         )
         wait_for(lambda: len(prometheus.query("up == 1")) == 3, 20, "every target up")
+        started = time.time()
         # Healthy first, so the Xid below is a rise of the lemon count.
         wait_for(
             lambda: prometheus.query(
@@ -213,6 +242,16 @@ def test_every_dashboard_and_rule_query_parses_and_returns_series(
         except AssertionError:
             missing = [n for n in empty_ones(prometheus, queries) if n not in expected_empty]
             raise AssertionError(f"no series for: {missing}") from None
+        # The node's first Xid 79 is what starts its series: the panel still counts it.
+        (xid_panel,) = [q for n, q in queries.items() if ": Xid events by code #" in n]
+        assert [float(s["value"][1]) for s in prometheus.query(xid_panel)] == [1.0]
+        # So is the controller's first closed episode in the time-to-repair panels.
+        (mean_panel,) = [q for n, q in queries.items() if ": Mean time to repair by " in n]
+        assert [s["metric"] for s in prometheus.query(f"({mean_panel}) >= 0")] == [
+            {"resolution": "Transient"}
+        ]
+
+        draw_dashboards(prometheus, started, tmp_path / "dashboards")
 
         leader.halt()
         for name in EMPTY_WHILE_LEADING:

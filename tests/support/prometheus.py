@@ -73,16 +73,25 @@ def dashboards() -> dict[str, dict[str, Any]]:
     }
 
 
-def panel_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(panel title, PromQL) for every target of every panel, rows' panels included,
-    with Grafana's own variables filled in."""
+def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel of ``dashboard``, rows' panels included."""
     for panel in dashboard["panels"]:
-        for inner in [panel, *panel.get("panels", [])]:
-            for target in inner.get("targets", []):
-                expr = target["expr"]
-                for variable, value in GRAFANA_VARIABLES.items():
-                    expr = expr.replace(variable, value)
-                yield inner["title"], expr
+        yield from [panel, *panel.get("panels", [])]
+
+
+def expression(target: dict[str, Any]) -> str:
+    """A panel target's PromQL with Grafana's own variables filled in."""
+    expr = str(target["expr"])
+    for variable, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace(variable, value)
+    return expr
+
+
+def panel_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(panel title, PromQL) for every target of every panel."""
+    for panel in panels(dashboard):
+        for target in panel.get("targets", []):
+            yield panel["title"], expression(target)
 
 
 def promtool(bin_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from gpuguard.sim.html import availability_plot, job_success_plot, nice_ticks
+from gpuguard.sim.html import availability_plot, job_success_plot
 from gpuguard.sim.run import simulate
 from gpuguard.sim.scenario import load_scenario
+from gpuguard.sim.svg import nice_ticks
 
 
 @pytest.mark.parametrize(

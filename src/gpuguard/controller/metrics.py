@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpuguard.contract.remediation import Resolution
 from gpuguard.metrics_server import Probes
 from gpuguard.remediation.model import Episode, Phase, Plan
 
@@ -58,6 +59,10 @@ class ControllerMetrics(Probes):
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # Every resolution's series from the start: increase() over a series counts only
+        # what came after its first sample, so a series born at the first repair loses it.
+        for resolution in Resolution:
+            self.to_close.labels(resolution.value)
         self.budget_in_use = Gauge(
             "gpuguard_controller_disruptions_in_progress",
             "Nodes draining, acting or verifying, by pool",

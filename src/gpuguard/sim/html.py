@@ -11,6 +11,7 @@ from gpuguard.sim import in_job_report
 from gpuguard.sim.report import gpu_hours_lost, span_text, table
 from gpuguard.sim.results import GPU_HOUR_KINDS, SIZE_CLASSES
 from gpuguard.sim.run import WITHOUT_IN_JOB, Simulation
+from gpuguard.sim.svg import document, legend, nice_ticks, text
 from gpuguard.sim.sweep import Interval
 
 COLOURS = {
@@ -35,40 +36,7 @@ W, H, LEFT, RIGHT, TOP, BOTTOM = 720, 300, 70, 130, 20, 40
 
 
 def _svg(body: list[str], title: str, height: int = H) -> str:
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" '
-        f'width="{W}" height="{height}" font-family="sans-serif" font-size="12" '
-        f'role="img" aria-label="{html.escape(title)}">'
-        f'<rect width="{W}" height="{height}" fill="white"/>' + "".join(body) + "</svg>"
-    )
-
-
-def _text(x: float, y: float, text: str, anchor: str = "start", size: int = 12) -> str:
-    return (
-        f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}">'
-        f"{html.escape(text)}</text>"
-    )
-
-
-def _legend(entries: Sequence[tuple[str, str]], x: float, y: float) -> list[str]:
-    out = []
-    for i, (label, colour) in enumerate(entries):
-        out.append(f'<rect x="{x}" y="{y + 18 * i}" width="12" height="12" fill="{colour}"/>')
-        out.append(_text(x + 18, y + 18 * i + 10, label))
-    return out
-
-
-def nice_ticks(low: float, high: float, most: int = 6) -> list[float]:
-    """Round values within [low, high], at most ``most`` of them: a step of 1, 2 or 5
-    times a power of ten, as a reader counts."""
-    span = high - low
-    if span <= 0:
-        return [low]
-    raw = span / (most - 1)
-    power = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
-    first, last = math.ceil(low / step - 1e-9), math.floor(high / step + 1e-9)
-    return [k * step for k in range(first, last + 1)]
+    return document(body, title, W, height)
 
 
 def _percent(value: float, step: float) -> str:
@@ -102,10 +70,10 @@ def availability_plot(simulation: Simulation) -> str:
         body.append(
             f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
         )
-        body.append(_text(LEFT - 6, y + 4, _percent(value, step), "end"))
+        body.append(text(LEFT - 6, y + 4, _percent(value, step), "end"))
     for day in nice_ticks(0, days, most=8):
         x, _ = xy(day, low)
-        body.append(_text(x, TOP + plot_h + 14, f"{day:g}", "middle"))
+        body.append(text(x, TOP + plot_h + 14, f"{day:g}", "middle"))
     for name, points in series.items():
         coords = " ".join(
             f"{x:.1f},{y:.1f}" for x, y in (xy(d + 0.5, v) for d, v in enumerate(points))
@@ -122,13 +90,13 @@ def availability_plot(simulation: Simulation) -> str:
             f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{target_y:.1f}" y2="{target_y:.1f}" '
             'stroke="#c53030" stroke-dasharray="4 4"/>'
         )
-        body.append(_text(LEFT + plot_w + 6, target_y + 4, "99.95 % target", size=11))
+        body.append(text(LEFT + plot_w + 6, target_y + 4, "99.95 % target", size=11))
         if target_y < legend_y + 18 * len(series):
             legend_y = round(target_y) + 16
     warmup = simulation.scenario.warmup_days
     axis = f"day after the {warmup:g}-day warm-up" if warmup else "day of the run"
-    body.append(_text(LEFT + plot_w / 2, H - 8, axis, "middle"))
-    body += _legend([(n, COLOURS.get(n, "#000")) for n in series], W - RIGHT + 16, legend_y)
+    body.append(text(LEFT + plot_w / 2, H - 8, axis, "middle"))
+    body += legend([(n, COLOURS.get(n, "#000")) for n in series], W - RIGHT + 16, legend_y)
     return _svg(body, "GPU-node slot availability per day")
 
 
@@ -146,7 +114,7 @@ def _stacked(
     body = []
     for i, (name, parts) in enumerate(rows):
         y = TOP + i * (bar_h + gap)
-        body.append(_text(left - 6, y + bar_h / 2 + 4, name, "end"))
+        body.append(text(left - 6, y + bar_h / 2 + 4, name, "end"))
         total = sum(parts) or 1.0
         x = float(left)
         for part, colour, label in zip(parts, colours, labels, strict=True):
@@ -159,7 +127,7 @@ def _stacked(
                 "</title></rect>"
             )
             x += width
-    body += _legend(list(zip(labels, colours, strict=True)), W - RIGHT + 16, TOP)
+    body += legend(list(zip(labels, colours, strict=True)), W - RIGHT + 16, TOP)
     return _svg(body, title, height)
 
 
@@ -207,10 +175,10 @@ def repair_plot(simulation: Simulation) -> str:
         body.append(
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#eee"/>'
         )
-        body.append(_text(x, H - 24, f"{10.0**exponent:g} h", "middle"))
+        body.append(text(x, H - 24, f"{10.0**exponent:g} h", "middle"))
     for i in range(5):
         y = TOP + plot_h * (1 - i / 4)
-        body.append(_text(LEFT - 6, y + 4, f"{25 * i} %", "end"))
+        body.append(text(LEFT - 6, y + 4, f"{25 * i} %", "end"))
     for name, result in simulation.results.items():
         values = result.time_to_repair_h.values
         total = len(values) + result.unrepaired_faults
@@ -227,8 +195,8 @@ def repair_plot(simulation: Simulation) -> str:
             f'<polyline points="{coords}" fill="none" stroke="{COLOURS.get(name, "#000")}" '
             'stroke-width="2"/>'
         )
-    body.append(_text(LEFT + plot_w / 2, H - 6, "fault to back in service", "middle"))
-    body += _legend(
+    body.append(text(LEFT + plot_w / 2, H - 6, "fault to back in service", "middle"))
+    body += legend(
         [(n, COLOURS.get(n, "#000")) for n in simulation.results], W - RIGHT + 16, TOP + 10
     )
     return _svg(body, "Time to repair: share of faults back in service")
@@ -268,12 +236,12 @@ def job_success_plot(simulation: Simulation) -> str:
     body = []
     for g, (label, metric) in enumerate(JOB_VIEWS):
         y0 = TOP + g * group_h
-        body.append(_text(left - 6, y0 + bar_h * len(names) / 2 + 4, label, "end"))
+        body.append(text(left - 6, y0 + bar_h * len(names) / 2 + 4, label, "end"))
         for k, name in enumerate(names):
             interval = over[name][metric]
             y = y0 + k * bar_h
             if interval is None:
-                body.append(_text(left + 4, y + bar_h - 2, f"{name}: no job ended", size=10))
+                body.append(text(left + 4, y + bar_h - 2, f"{name}: no job ended", size=10))
                 continue
             body.append(
                 f'<rect x="{left}" y="{y}" width="{x_of(interval.mean) - left:.1f}" '
@@ -293,8 +261,8 @@ def job_success_plot(simulation: Simulation) -> str:
         body.append(
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{height - 36}" stroke="#eee"/>'
         )
-        body.append(_text(x, height - 22, _percent(value, ticks[1] - ticks[0]), "middle"))
-    body += _legend([(n, COLOURS.get(n, "#000")) for n in names], W - RIGHT + 16, TOP + 10)
+        body.append(text(x, height - 22, _percent(value, ticks[1] - ticks[0]), "middle"))
+    body += legend([(n, COLOURS.get(n, "#000")) for n in names], W - RIGHT + 16, TOP + 10)
     return _svg(body, "Job success per job, per GPU-hour and by size", height)
 
 
