@@ -34,6 +34,7 @@ from gpuguard.controller.pods import PodCache, slim_pod
 from gpuguard.controller.position_faults import PositionFaults
 from gpuguard.controller.positions import Positions
 from gpuguard.controller.providers import provider_for
+from gpuguard.controller.quarantine import Quarantine
 from gpuguard.controller.replacements import Replacements
 from gpuguard.controller.silence import Silence
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
@@ -120,6 +121,7 @@ class Controller:
             dry_run=dry_run,
         )
         self.reconciler = Reconciler(policy)
+        self.quarantine = Quarantine(self.writer, self.metrics, policy)
         self.replacements = Replacements(self.applier)
         self.positions = Positions()
         self.position_faults = PositionFaults(
@@ -203,6 +205,7 @@ class Controller:
         for thread in watches:  # ended by _wake_on_stop; none is left reading the client
             thread.join(WATCH_JOIN_S)
         election.join(WATCH_JOIN_S)  # its release of the Lease lets the standby lead now
+        self.quarantine.close()
 
     def wake(self) -> None:
         """Run a pass now rather than at the deadline (something changed that no watch
@@ -302,12 +305,21 @@ class Controller:
                 else:
                     relevant = self._put(item.object)
                     self.slis.node_seen(item.object)
+                    self._quarantine_now(name, item.object)
             version = item.resource_version
         self._listed.add("nodes")
         self.metrics.ready.set()
         if relevant:
             self._wake_now()
         return version
+
+    def _quarantine_now(self, name: str, node: Json) -> None:
+        """A change that makes a node with no episode unhealthy is tainted at once, not
+        after the pass in progress (``quarantine.py``); not in dry run, not as standby."""
+        if self.applier.dry_run or not self.leading.is_set() or name in self.reconciler.episodes:
+            return
+        if self._nodes.get(name) is node:  # else unreadable: the last good reading stands
+            self.quarantine.offer(node, self._observed[name], self.clock.now())
 
     def _take_answers(self, item: Snapshot | WatchEvent) -> str:
         """Answers to requested actions, as the agents (or providers) write them."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from gpuguard.remediation.breaker import next_breaker
 from gpuguard.remediation.correlation import shared_causes
-from gpuguard.remediation.health import is_healthy, is_unhealthy
+from gpuguard.remediation.health import is_healthy, opens_episode, repairable
 from gpuguard.remediation.history import History
 from gpuguard.remediation.lifecycle import PlanBuilder
 from gpuguard.remediation.model import (
@@ -83,9 +83,9 @@ def decide(
     # 1. Quarantine every newly unhealthy node: taints are never limited or paused.
     for name in sorted(nodes):
         node = nodes[name]
-        if name in work or not node.exists or node.excluded or node.do_not_disrupt:
+        if name in work or not repairable(node):
             continue
-        if is_unhealthy(node, policy, now):
+        if opens_episode(node, policy, now):
             work[name] = run.open(node)
             opened_now.add(name)
         elif is_healthy(node, policy, now):

@@ -61,6 +61,18 @@ def is_unhealthy(node: NodeObservation, policy: Policy, now: float) -> bool:
     )
 
 
+def repairable(node: NodeObservation) -> bool:
+    """A Node that exists and is neither excluded from repair nor marked do-not-disrupt."""
+    return node.exists and not node.excluded and not node.do_not_disrupt
+
+
+def opens_episode(node: NodeObservation, policy: Policy, now: float) -> bool:
+    """A node with no open episode that one must open (and quarantine) now. Taints are
+    never limited or paused, so this alone decides them: the controller taints on it as
+    the Node's change arrives, ahead of the pass that opens the episode."""
+    return repairable(node) and is_unhealthy(node, policy, now)
+
+
 def is_healthy(node: NodeObservation, policy: Policy, now: float) -> bool:
     """Every layer ``True``, the latest of them for at least ``clear_after_s``.
 
