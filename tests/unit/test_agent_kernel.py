@@ -7,6 +7,9 @@ import threading
 import time
 import tracemalloc
 
+import pytest
+
+from gpuguard.agent.kernel_log import followers
 from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.kernel_log.lines import MAX_LINE_BYTES
 from gpuguard.agent.kernel_log.monitor import KernelLogMonitor
@@ -75,6 +78,26 @@ def test_file_follower_reads_the_log_then_each_complete_new_line(tmp_path):
     finally:
         stop.set()
         thread.join(2)
+        assert not thread.is_alive(), "the follower did not stop"
+
+
+@pytest.fixture(params=[True, False], ids=["inotify", "polling"])
+def notify(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def test_with_inotify_a_new_line_arrives_with_no_poll(tmp_path, monkeypatch):
+    # Polls and the backstop an hour apart: only the directory's event can deliver it.
+    monkeypatch.setattr(followers, "BACKSTOP_S", 3600.0)
+    log = tmp_path / "kern.log"
+    log.write_text("boot line\n")
+    with following(log, notify=True, poll_s=3600.0) as sink:
+        with log.open("a") as handle:
+            handle.write(XID79 + "\n")
+        wait_for(lambda: any(b": 79," in line for line in sink.delivered()), 10)
+        log.rename(tmp_path / "kern.log.1")  # rotated: the new file is read from its start
+        log.write_text(XID48 + "\n")
+        wait_for(lambda: sink.since_reset() == XID48.encode() + b"\n", 10)
 
 
 def test_truncated_file_is_a_reset(tmp_path):
@@ -167,18 +190,23 @@ class Sink:
     def unreadable(self, detail: str) -> None:
         self.troubles.append(detail)
 
+    def since_reset(self) -> bytes:
+        """What was delivered since the last read from the start (a new file's first read
+        may find it still empty: its lines then follow)."""
+        last = max(i for i, (_, reset) in enumerate(self.blocks) if reset)
+        return b"".join(block for block, _ in self.blocks[last:])
+
     def delivered(self) -> list[bytes]:
         return [line for block, _ in self.blocks for line in block.split(b"\n") if line]
 
 
 @contextlib.contextmanager
-def following(path, poll_s=0.01):
-    """A FileFollower of ``path`` on its thread, feeding the Sink yielded once it has
-    delivered the log's first read; stopped on the way out."""
+def following(path, notify, poll_s=0.01):
+    """A FileFollower of ``path`` on its thread (woken by inotify, or polling), feeding
+    the Sink yielded once it has delivered the log's first read; stopped on the way out."""
     sink, stop = Sink(), threading.Event()
-    thread = threading.Thread(
-        target=FileFollower(path, poll_s=poll_s).follow, args=(sink, stop), daemon=True
-    )
+    follower = FileFollower(path, poll_s=poll_s, notify=notify)
+    thread = threading.Thread(target=follower.follow, args=(sink, stop), daemon=True)
     thread.start()
     try:
         wait_for(lambda: sink.blocks)
@@ -188,10 +216,10 @@ def following(path, poll_s=0.01):
         thread.join(2)
 
 
-def test_an_overlong_line_keeps_its_head_and_its_tail_and_nothing_longer(tmp_path):
+def test_an_overlong_line_keeps_its_head_and_its_tail_and_nothing_longer(tmp_path, notify):
     log = tmp_path / "kern.log"
     log.write_text("")
-    with following(log) as sink:
+    with following(log, notify) as sink:
         with log.open("ab") as handle:
             handle.write(XID48.encode() + b" trailing junk" * 100_000 + b"\n")
             for _ in range(30):  # an unterminated line growing over many polls
@@ -235,29 +263,29 @@ def test_a_job_fault_expires_a_time_to_live_after_its_last_line():
     assert state.findings() == []
 
 
-def test_a_vanished_log_is_said_after_a_grace_and_read_again_when_it_is_back(tmp_path):
+def test_a_vanished_log_is_said_after_a_grace_and_read_again_when_it_is_back(tmp_path, notify):
     log = tmp_path / "kern.log"
     log.write_text("boot line\n")
-    with following(log) as sink:
+    with following(log, notify) as sink:
         log.unlink()
         wait_for(lambda: sink.troubles, what="the follower saying the log is gone")
         assert str(log) in sink.troubles[0] and "no such file" in sink.troubles[0]
         log.write_text("after rotation\n")
-        wait_for(lambda: (b"after rotation\n", True) in sink.blocks)
+        wait_for(lambda: sink.since_reset() == b"after rotation\n")
         log.unlink()
         log.mkdir()
         wait_for(lambda: len(sink.troubles) == 2)
         assert "not a regular file" in sink.troubles[1]
 
 
-def test_a_rotation_does_not_flap_the_kernel_layer(tmp_path):
+def test_a_rotation_does_not_flap_the_kernel_layer(tmp_path, notify):
     log = tmp_path / "kern.log"
     log.write_text("boot line\n")
-    with following(log) as sink:
+    with following(log, notify) as sink:
         for n in range(20):  # logrotate's create: renamed away, a new file in its place
             log.rename(tmp_path / f"kern.log.{n}")
             log.write_text(f"rotated {n}\n")
-        wait_for(lambda: (b"rotated 19\n", True) in sink.blocks)
+        wait_for(lambda: sink.since_reset() == b"rotated 19\n")
         assert sink.troubles == []
 
 

@@ -22,10 +22,12 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from gpuguard.agent.kernel_log.inotify import DirectoryWatch
 from gpuguard.agent.kernel_log.lines import LineCutter
 from gpuguard.sources import KMSG, drain_kmsg, kernel_log_methods, kmsg_message
 
-POLL_S = 0.1
+POLL_S = 0.1  # where inotify is not there
+BACKSTOP_S = 1.0  # with inotify: a look anyway, for a change no event told of
 READ_BYTES = 1 << 20
 MISSING_GRACE_S = 1.0
 HEAD_BYTES = 256  # what tells a copy-truncated and refilled file from the one read
@@ -46,7 +48,8 @@ class Follower(Protocol):
 
 
 class FileFollower:
-    """A plain file (``kern.log``, a test's log): polled for growth every 100 ms.
+    """A plain file (``kern.log``, a test's log): read when inotify says its directory
+    changed it (and once a second anyway), else polled every 100 ms.
 
     A file replaced (another inode), shorter than what was read, or whose head is no longer
     the head that was read (logrotate's ``copytruncate`` followed by new lines past the old
@@ -54,10 +57,16 @@ class FileFollower:
     """
 
     def __init__(
-        self, path: Path, poll_s: float = POLL_S, grace_s: float = MISSING_GRACE_S
+        self,
+        path: Path,
+        poll_s: float = POLL_S,
+        grace_s: float = MISSING_GRACE_S,
+        *,
+        notify: bool = True,
     ) -> None:
         self.path = path
         self.poll_s = poll_s
+        self.notify = notify
         self.grace_s = grace_s
         self.description = str(path)
         self._identity: tuple[int, int] | None = None
@@ -72,9 +81,24 @@ class FileFollower:
         if isinstance(info := self._stat(), str):
             raise OSError(f"{self.path}: {info}")
         self._identity = None
-        while not stop.is_set():
-            self.poll(sink, stop)
-            stop.wait(self.poll_s)
+        watch = DirectoryWatch.open(self.path, stop) if self.notify else None
+        try:
+            while not stop.is_set():
+                self.poll(sink, stop)
+                if watch is None or watch.gone:
+                    stop.wait(self.poll_s)
+                else:
+                    watch.wait(self._sleep_s())
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _sleep_s(self) -> float:
+        """Until the next look with no event: the rest of a missing file's grace, else
+        the backstop."""
+        if self._missing_since is None or self._said:
+            return BACKSTOP_S
+        return max(0.0, self._missing_since + self.grace_s - time.monotonic())
 
     def poll(self, sink: LogSink, stop: threading.Event | None = None) -> None:
         """One look at the file: what is new goes to ``sink``."""
