@@ -18,7 +18,7 @@ from typing import Any
 from gpuguard.sim.run import REACTIVE_PFP, Simulation, simulate
 from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
 from gpuguard.sim.sweep import Interval
-from gpuguard.sim.trace import load_trace
+from gpuguard.sim.trace_files import load_trace
 
 COMPARED = (REACTIVE_PFP, "gpuguard")
 META_UNATTRIBUTED = 6.5  # per 1,000 node-days, Kokolis et al. (scenario key below)

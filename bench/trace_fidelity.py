@@ -15,7 +15,8 @@ import time
 
 from gpuguard.sim.run import simulate
 from gpuguard.sim.scenario import load_scenario
-from gpuguard.sim.trace import Trace, load_trace
+from gpuguard.sim.trace import Trace
+from gpuguard.sim.trace_files import load_trace
 
 POLICIES = ("none", "gpuguard")
 

@@ -21,7 +21,8 @@ from gpuguard.sim.faults import DAY, HOUR, LOCI, Effect, Fault, Fix, Locus, Sign
 from gpuguard.sim.gpuguard_policy import GpuguardPolicy
 from gpuguard.sim.results import most_in_window, summarise
 from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
-from gpuguard.sim.trace import TRACE_CLASSES, default_locus, load_trace
+from gpuguard.sim.trace import TRACE_CLASSES, default_locus
+from gpuguard.sim.trace_files import load_trace
 from gpuguard.sim.trace_infinitehbd import MAPPING
 
 CABLE_PORT = 3  # the RDMA port a position's cable fault takes down

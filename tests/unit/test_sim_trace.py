@@ -13,7 +13,8 @@ from gpuguard.errors import ConfigError
 from gpuguard.sim.faults import DAY, Fix, Signal
 from gpuguard.sim.run import simulate
 from gpuguard.sim.scenario import load_scenario
-from gpuguard.sim.trace import TRACE_CLASSES, load_trace
+from gpuguard.sim.trace import TRACE_CLASSES
+from gpuguard.sim.trace_files import load_trace
 
 SHIPPED = Path(__file__).parents[2] / "src/gpuguard/data/traces/infinitehbd/fault_trace.json"
 HEADER = "node,start_days,end_days,class,description,fix\n"

@@ -19,7 +19,8 @@ import pytest
 from gpuguard.sim.faults import Fault, generate_faults
 from gpuguard.sim.run import replay_scenario
 from gpuguard.sim.scenario import load_scenario
-from gpuguard.sim.trace import TRACE_CLASSES, load_trace
+from gpuguard.sim.trace import TRACE_CLASSES
+from gpuguard.sim.trace_files import load_trace
 
 # Classes whose faults take a node out (benign signals and transient fail-slow do not).
 NOT_A_FAULT = ("benign",)

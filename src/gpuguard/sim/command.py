@@ -15,7 +15,7 @@ from gpuguard.sim.scenario import load_scenario
 from gpuguard.sim.sensitivity import sensitivity
 from gpuguard.sim.sensitivity import table as sensitivity_table
 from gpuguard.sim.sensitivity import to_dict as sensitivity_dict
-from gpuguard.sim.trace import load_trace
+from gpuguard.sim.trace_files import load_trace
 
 
 class _Progress:

@@ -19,13 +19,11 @@ import csv
 import io
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from gpuguard.errors import ConfigError
-from gpuguard.files import read_text_file
 from gpuguard.sim.faults import DAY, LOCI, Fault, Fix, Locus, Signal, fault_from_record
 from gpuguard.sim.scenario import Scenario
 
@@ -52,7 +50,6 @@ TRACE_CLASSES: dict[str, tuple[str, Signal | None]] = {
 }
 FIELDS = ("node", "start_days", "end_days", "class", "description")
 OPTIONAL = ("fix", "locus")
-BUNDLED = {"infinitehbd": "data/traces/infinitehbd/fault_trace.json"}
 
 
 @dataclass(frozen=True)
@@ -127,20 +124,6 @@ class Trace:
                 )
             )
         return faults
-
-
-def load_trace(source: str | Path) -> Trace:
-    """A bundled trace by name, a StepFun-format JSON file, or a CSV trace."""
-    from gpuguard.sim.trace_infinitehbd import parse_infinitehbd
-
-    if str(source) in BUNDLED:
-        resource = resources.files("gpuguard").joinpath(BUNDLED[str(source)])
-        return parse_infinitehbd(resource.read_text(), str(source))
-    path = Path(source)
-    text = read_text_file(path, "trace")
-    if path.suffix == ".json":
-        return parse_infinitehbd(text, str(path))
-    return parse_csv(text, str(path))
 
 
 def parse_csv(text: str, origin: str) -> Trace:
