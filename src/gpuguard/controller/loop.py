@@ -39,7 +39,7 @@ from gpuguard.controller.replacements import Replacements
 from gpuguard.controller.silence import Silence
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
 from gpuguard.kube.errors import KubeError, KubeFenced
-from gpuguard.kube.fleet import slim_node
+from gpuguard.kube.fleet import decode_node_page, slim_node
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
 from gpuguard.kube.remediations import (
@@ -156,15 +156,16 @@ class Controller:
         self.watch_threads = watches = [
             threading.Thread(
                 target=self._follow,
-                args=(stop, path, project, take),
+                args=(stop, path, project, decode, take),
                 name=f"watch-{what}",
                 daemon=True,
             )
-            for what, path, project, take in (
-                ("nodes", NODES.path(), slim_node, self._take),
-                ("noderemediations", NODE_REMEDIATIONS.path(), None, self._take_answers),
-                ("pods", PODS.path(), slim_pod, self._take_pods),
-                ("jobs", JOBS.path(), slim_job, self._take_jobs),
+            for what, path, project, decode, take in (
+                # Nodes are listed through the decoder that skips what slim_node drops.
+                ("nodes", NODES.path(), slim_node, decode_node_page, self._take),
+                ("noderemediations", NODE_REMEDIATIONS.path(), None, None, self._take_answers),
+                ("pods", PODS.path(), slim_pod, None, self._take_pods),
+                ("jobs", JOBS.path(), slim_job, None, self._take_jobs),
             )
         ]
         for thread in watches:
@@ -263,14 +264,20 @@ class Controller:
         self,
         stop: threading.Event,
         path: str,
-        project: Callable[[Json], Json],
+        project: Callable[[Json], Json] | None,
+        decode: Callable[[bytes], Json] | None,
         take: Callable[[Snapshot | WatchEvent], str],
     ) -> None:
         version = ""
 
         def stream() -> Iterator[Snapshot | WatchEvent]:
             return list_then_watch(
-                self.api, path, project=project, resource_version=version, stop=stop
+                self.api,
+                path,
+                project=project,
+                decode_page=decode,
+                resource_version=version,
+                stop=stop,
             )
 
         def fold(item: Snapshot | WatchEvent) -> None:

@@ -49,7 +49,7 @@ def list_nodes(api: KubeApi, *, label_selector: str = "") -> Listing:
     """Every Node as :func:`slim_node` would shrink it, decoded straight into that shape:
     the skipped fields (image lists, mostly) are never turned into Python objects, which
     makes a 5,000-node list about ten times cheaper to parse than ``json.loads``."""
-    return api.list(NODES.path(), label_selector=label_selector, decode_page=_decode_node_page)
+    return api.list(NODES.path(), label_selector=label_selector, decode_page=decode_node_page)
 
 
 class _Metadata(msgspec.Struct, omit_defaults=True):
@@ -85,7 +85,8 @@ class _NodePage(msgspec.Struct):
 _NODE_PAGE = msgspec.json.Decoder(_NodePage)
 
 
-def _decode_node_page(content: bytes) -> Json:
+def decode_node_page(content: bytes) -> Json:
+    """A page of a Node list decoded straight into :func:`slim_node`'s shape."""
     page = _NODE_PAGE.decode(content)
     return {"items": msgspec.to_builtins(page.items), "metadata": page.metadata}
 

@@ -40,6 +40,7 @@ def list_then_watch(
     label_selector: str = "",
     field_selector: str = "",
     project: Callable[[Json], Json] | None = None,
+    decode_page: Callable[[bytes], Json] | None = None,
     resource_version: str = "",
     stop: threading.Event | None = None,
     watch_timeout_s: int = WATCH_TIMEOUT_S,
@@ -51,7 +52,8 @@ def list_then_watch(
     the caller may call again with the last version it saw). ``stop`` is checked between
     events and between watch requests, which the server ends every ``watch_timeout_s``; to
     stop at once, set ``stop`` and call ``api.end_watches(stop)`` (or close ``api``): the
-    broken read then ends quietly.
+    broken read then ends quietly. ``decode_page`` decodes the list's pages into their
+    projected shape at once (``project`` then shrinks the watch's objects only).
     """
 
     def stopped() -> bool:
@@ -59,7 +61,11 @@ def list_then_watch(
 
     def relist() -> Snapshot:
         listing = api.list(
-            path, label_selector=label_selector, field_selector=field_selector, project=project
+            path,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            project=None if decode_page else project,
+            decode_page=decode_page,
         )
         return Snapshot(listing.items, listing.resource_version)
 

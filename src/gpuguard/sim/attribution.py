@@ -30,8 +30,8 @@ from gpuguard.remediation.crash_memory import Crash, CrashMemory, Suspicion, cra
 from gpuguard.remediation.policy import Policy
 from gpuguard.sim.agent_view import CHECKED_SIGNALS, NodeSignals, kernel_line
 from gpuguard.sim.faults import Effect, Fault
-from gpuguard.sim.fleet import Slot
 from gpuguard.sim.jobs import Job
+from gpuguard.sim.slot import Slot
 
 if TYPE_CHECKING:
     from gpuguard.sim.engine import Engine

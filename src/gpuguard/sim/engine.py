@@ -18,29 +18,23 @@ from gpuguard.sim.agent_view import AgentView, NodeSignals
 from gpuguard.sim.events import EventQueue
 from gpuguard.sim.fault_process import FaultProcess
 from gpuguard.sim.faults import DAY, Fault
-from gpuguard.sim.fleet import Fleet, Slot
+from gpuguard.sim.fleet import Fleet
 from gpuguard.sim.jobs import NO_BOOKS, Job, JobBooks
 from gpuguard.sim.scenario import Scenario
 from gpuguard.sim.scheduler import Scheduler
+from gpuguard.sim.slot import Slot
+from gpuguard.sim.world import Reactions
 from gpuguard.sli import TimeShare
 
 __all__ = ["BIN_S", "Driver", "Engine", "FaultTimes", "HiddenTimes", "Slot", "Stats"]
 
 
-class Driver(Protocol):
+class Driver(Reactions, Protocol):
     """A remediation system (or none) reacting to what the fleet shows."""
 
     name: str
-    warm_spares: bool  # keeps the scenario's default spare pool (``fleet.spares_per_pool``)
 
     def attach(self, engine: Engine) -> None: ...
-    def charges(self, job: Job, cause: str, fault: Fault | None) -> bool:
-        """Does this interruption use up one of the job's retries (podFailurePolicy)?"""
-        ...
-
-    def signals_changed(self, slot: Slot) -> None: ...
-    def node_replaced(self, slot: Slot) -> None: ...
-    def action_done(self, slot: Slot, what: str, succeeded: bool) -> None: ...
 
 
 class Engine:

@@ -8,15 +8,12 @@ that was repaired or replaced away before one of its signals comes due shows not
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from gpuguard.sim.accounting import FaultTimes, HiddenTimes
 from gpuguard.sim.agent_view import CHECKED_SIGNALS, NodeSignals, is_application_line, kernel_line
 from gpuguard.sim.faults import HIDDEN_CLASSES, HOUR, OFFLINE_CLASSES, Effect, Fault, Fix
-from gpuguard.sim.fleet import Slot
-
-if TYPE_CHECKING:
-    from gpuguard.sim.engine import Engine
+from gpuguard.sim.slot import Slot
+from gpuguard.sim.world import World
 
 APPLICATION_FAULT_TTL_S = 600.0  # the agent's default application_fault_ttl_s
 
@@ -24,7 +21,7 @@ APPLICATION_FAULT_TTL_S = 600.0  # the agent's default application_fault_ttl_s
 class FaultProcess:
     """Starts each fault of the run's failure stream, shows its signals and ends it."""
 
-    def __init__(self, world: Engine) -> None:
+    def __init__(self, world: World) -> None:
         self._world = world
         self._events = world.events
         self._stats = world.stats

@@ -8,82 +8,19 @@ sent away for repair while a spare (or, when none is left, new capacity) takes i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpuguard.sim.agent_view import DeepFinding
 from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix
-from gpuguard.sim.in_job_findings import InJobFinding
-from gpuguard.sim.jobs import Job
+from gpuguard.sim.slot import Slot
+from gpuguard.sim.world import World
 from gpuguard.sli import in_service
-
-if TYPE_CHECKING:
-    from gpuguard.sim.engine import Engine
-
-
-@dataclass
-class Slot:
-    """One GPU-node slot of the fleet and the machine in it."""
-
-    index: int
-    pool: str
-    machine: int | None
-    generation: int = 0
-    original: bool = True  # still the first machine (a lemon's extra faults apply to it)
-    silent: bool = False  # the machine crashes jobs with no node signal (a hidden lemon)
-    faults: dict[int, Fault] = field(default_factory=dict)
-    kernel: list[tuple[int, str, float, bool]] = field(default_factory=list)
-    checked: dict[int, tuple[Any, int]] = field(default_factory=dict)
-    job: Job | None = None
-    down: str = ""  # "reset", "reboot", "manual": an action holds the node
-    testing: bool = False  # the deep suite is loading every GPU
-    test_ends: float = 0.0  # when the current deep run ends (a job placed meanwhile waits)
-    deep: tuple[DeepFinding, ...] = ()  # what the last deep run found (in the GPU layer)
-    in_job: tuple[InJobFinding, ...] = ()  # in-job verdicts and passive findings (in_job.py)
-    notready: bool = False
-    tainted: bool = False
-    cordoned: bool = False
-    gpu_withdrawn: bool = False  # the device plugin marked a GPU Unhealthy until it restarts
-    drain_until: float = 0.0
-    human_pending: bool = False
-    human_for: int | None = None  # the machine the pending visit is for
-    schedulable: bool = False
-    in_service: bool = False
-    incidents: list[int] = field(default_factory=list)  # disabling faults not yet repaired
-    # The Node's name, kept rather than formatted: the policy reads it at every step.
-    name: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.name = _node_name(self.index, self.generation)
-
-    def refill(self, machine: int) -> None:
-        """Another machine takes the slot: a new Node, under a new name."""
-        self.machine = machine
-        self.generation += 1
-        self.original = False
-        self.silent = False
-        self.name = _node_name(self.index, self.generation)
-
-    def speed(self) -> float:
-        pace = 1.0
-        for fault in self.faults.values():
-            if fault.effect is Effect.HANG:
-                return 0.0
-            if fault.effect is Effect.SLOW:
-                pace = min(pace, fault.slowdown)
-        return pace
-
-
-def _node_name(index: int, generation: int) -> str:
-    return f"gpu-node-{index:05d}" + (f"-r{generation}" if generation else "")
 
 
 class Fleet:
     """The slots and the machines: what holds a node, takes it away and brings it back."""
 
-    def __init__(self, world: Engine, *, seed: int) -> None:
+    def __init__(self, world: World, *, seed: int) -> None:
         self._world = world
         self._events = world.events
         self._stats = world.stats

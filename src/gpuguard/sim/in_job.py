@@ -37,7 +37,6 @@ import numpy as np
 from gpuguard.config import LoadClocks
 from gpuguard.sim.agent_view import GPUS
 from gpuguard.sim.faults import DAY, Effect, Fault, Signal
-from gpuguard.sim.fleet import Slot
 from gpuguard.sim.in_job_findings import (
     COMPUTE_MISMATCH,
     FAIL_SLOW,
@@ -46,6 +45,7 @@ from gpuguard.sim.in_job_findings import (
     InJobFinding,
 )
 from gpuguard.sim.jobs import Job, JobState
+from gpuguard.sim.slot import Slot
 
 if TYPE_CHECKING:
     from gpuguard.sim.engine import Engine

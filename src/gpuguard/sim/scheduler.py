@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from gpuguard.sim.events import Event
 from gpuguard.sim.faults import ATTRIBUTED, HOUR, Effect, Fault, Fix
-from gpuguard.sim.fleet import Slot
 from gpuguard.sim.jobs import Job, JobState, effective_speed
-
-if TYPE_CHECKING:
-    from gpuguard.sim.engine import Engine
+from gpuguard.sim.slot import Slot
+from gpuguard.sim.world import World
 
 
 class Scheduler:
     """The jobs' queues and each job's course on the nodes it was given."""
 
-    def __init__(self, world: Engine) -> None:
+    def __init__(self, world: World) -> None:
         self._world = world
         self._events = world.events
         self._stats = world.stats
