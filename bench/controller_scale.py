@@ -85,6 +85,7 @@ sys.path.insert(0, str(REPO))
 import synthetic_nodes as synthetic  # noqa: E402
 
 from gpuguard.kube.rest import KubeApi, load_api  # noqa: E402
+from tests.support.audit import AuditLog  # noqa: E402
 from tests.support.cluster import finish_terminating_pods, install_crds  # noqa: E402
 from tests.support.controlplane import ControlPlane, free_port, testenv_bin  # noqa: E402
 
@@ -503,6 +504,10 @@ class Results:
     loaded_reconciles: float = 0.0  # per second
     mass_ms: list[float] = field(default_factory=list)
     mass_write_s: float = 0.0
+    # With --audit, per flipped node (ms): from the flip's write completing in the API
+    # server to the controller's taint request arriving there, and that request's own time.
+    mass_to_taint_ms: list[float] = field(default_factory=list)
+    mass_taint_ms: list[float] = field(default_factory=list)
     pods: int = 0
     drain_nodes: int = 0
     first_eviction_s: float = 0.0
@@ -522,7 +527,7 @@ def run(args: argparse.Namespace, workdir: Path) -> Results:
     take = iter(order)
     singles, loaded, masses, drains = ([node_name(next(take)) for _ in range(n)] for n in counts)
     spares = [node_name(i) for i in take]  # never flipped: the heartbeats go to these
-    plane = ControlPlane(workdir, testenv_bin())
+    plane = ControlPlane(workdir, testenv_bin(), audit=args.audit)
     plane.start()
     clients = Clients(plane.admin_kubeconfig)
     controller: ControllerProcess | None = None
@@ -583,6 +588,8 @@ def run(args: argparse.Namespace, workdir: Path) -> Results:
         mass_flip(args, clients, masses, tainted, results)
         results.mass_cpu = meter.percent()
         print(f"  CPU: {describe_cpu(results.mass_cpu)}", flush=True)
+        if plane.audit_log is not None:
+            split_by_audit(AuditLog(plane.audit_log), masses, results)
         if args.pods and drains:
             drain_phase(args, plane, clients, controller, drains, evicted, gone, results)
 
@@ -692,6 +699,24 @@ def mass_flip(
         f"{max(tainted.times[n] for n in names) - started:.2f} s after the first write",
         flush=True,
     )
+
+
+def split_by_audit(audit: AuditLog, names: list[str], results: Results) -> None:
+    """Where a mass flip's latency went, from the API server's own clock: the flip's
+    condition write completing, the first write carrying our taint arriving, and done."""
+    flips: dict[str, float] = {}
+    taints: dict[str, tuple[float, float]] = {}
+    for write in audit.writes(resource="nodes"):
+        if write.name not in names or not write.succeeded:
+            continue
+        if write.subresource == "status" and "Xid48" in json.dumps(write.body):
+            flips.setdefault(write.name, write.completed)
+        elif not write.subresource and TAINT.decode() in json.dumps(write.body):
+            taints.setdefault(write.name, (write.received, write.completed))
+    both = [n for n in names if n in flips and n in taints]
+    results.mass_to_taint_ms = [1000 * (taints[n][0] - flips[n]) for n in both]
+    results.mass_taint_ms = [1000 * (taints[n][1] - taints[n][0]) for n in both]
+    print(f"  audit: {len(both)} of {len(names)} flips and taints found", flush=True)
 
 
 class Heartbeats:
@@ -869,6 +894,8 @@ def report(args: argparse.Namespace, results: Results) -> None:
         (f"quarantine, single flips, quiet (n={len(results.single_ms)})", results.single_ms),
         (f"  same, {results.heartbeat_rate:.0f} heartbeat writes/s", results.loaded_ms),
         (f"quarantine, {len(results.mass_ms)} at once", results.mass_ms),
+        ("  flip written -> taint request arrives", results.mass_to_taint_ms),
+        ("  taint request handled", results.mass_taint_ms),
     ):
         if values:
             print(
@@ -930,6 +957,12 @@ def main() -> None:
     parser.add_argument("--quiet-s", type=float, default=20.0, help="idle CPU window")
     parser.add_argument("--profile", type=Path, help="run the controller under cProfile")
     parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
+    parser.add_argument(
+        "--audit",
+        action="store_true",
+        help="run kube-apiserver with an audit log of writes and split the mass flip's "
+        "latency by it (adds load on the API server)",
+    )
     args = parser.parse_args()
     if args.heartbeats is None:
         args.heartbeats = 2 * args.nodes / 180

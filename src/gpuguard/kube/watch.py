@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gpuguard.kube.errors import KubeError, KubeRejected, KubeUnavailable
-from gpuguard.kube.rest import WATCH_TIMEOUT_S, Json, KubeApi, KubeExpired, WatchEvent
+from gpuguard.kube.rest import WATCH_TIMEOUT_S, Json, KubeApi, KubeExpired, Listing, WatchEvent
 from gpuguard.retry import Backoff
 
 RETRY_S = 2.0  # before resuming a broken watch
@@ -60,13 +60,7 @@ def list_then_watch(
         return stop is not None and stop.is_set()
 
     def relist() -> Snapshot:
-        listing = api.list(
-            path,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            project=None if decode_page else project,
-            decode_page=decode_page,
-        )
+        listing = _list(api, path, label_selector, field_selector, project, decode_page)
         return Snapshot(listing.items, listing.resource_version)
 
     version = resource_version
@@ -97,6 +91,24 @@ def list_then_watch(
             if stopped():
                 return  # the caller ended the blocked read on purpose
             raise
+
+
+def _list(
+    api: KubeApi,
+    path: str,
+    label_selector: str,
+    field_selector: str,
+    project: Callable[[Json], Json] | None,
+    decode_page: Callable[[bytes], Json] | None,
+) -> Listing:
+    """A list whose items come out projected: decoded so by ``decode_page``, if given."""
+    return api.list(
+        path,
+        label_selector=label_selector,
+        field_selector=field_selector,
+        project=None if decode_page else project,
+        decode_page=decode_page,
+    )
 
 
 def keep_watching(
