@@ -21,6 +21,7 @@ from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
+from gpuguard.controller.providers import NODECLAIMS
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.sources import BundleSources
@@ -37,6 +38,7 @@ from tests.support.controllers import (
     append,
     node,
     node_name,
+    only_rung,
     remediations,
     status_of,
     tainted,
@@ -138,6 +140,28 @@ def test_xid79_ends_with_the_nodeclaim_deleted(api, start_agent, start_controlle
     assert node(api, name)["spec"]["unschedulable"] is True
     api.delete(f"/api/v1/nodes/{name}")  # what Karpenter does once the claim is gone
     assert wait_for(lambda: status_of(api, name).get("resolution"), what="closed") == "Replaced"
+
+
+def test_replace_deletes_the_nodeclaim_the_node_names_as_owner(api, start_controller):
+    # As Karpenter registers a Node: an owner reference to its NodeClaim. The claim's
+    # status names no node here, so only that reference can lead to it (no list needed).
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    claim = api.create(
+        "/apis/karpenter.sh/v1/nodeclaims",
+        {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": name}},
+    )
+    owner = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": name}
+    owner["uid"] = claim["metadata"]["uid"]
+    api.patch(f"/api/v1/nodes/{name}", {"metadata": {"ownerReferences": [owner]}})
+    set_health(api, name)
+    start_controller(max_attempts=only_rung("REPLACE"))
+    set_health(api, name, gpu="False", action="REBOOT", codes=("XID_79",))
+    wait_for(
+        lambda: name not in {c["metadata"]["name"] for c in api.list(NODECLAIMS.path()).items},
+        30,
+        "the owning NodeClaim deleted",
+    )
 
 
 def test_xid13_burst_kills_only_the_jobs_gpu_pods_and_drains_nothing(

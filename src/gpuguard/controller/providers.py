@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 from typing import Protocol
 
-from gpuguard.kube.rest import NODES, KubeApi, KubeNotFound, Resource
+from gpuguard.kube.rest import NODES, Json, KubeApi, KubeNotFound, Resource
 
+GROUP = "karpenter.sh/"
 NODECLAIMS = Resource("/apis/karpenter.sh/v1", "nodeclaims")
 
 
@@ -22,7 +23,9 @@ class Provider(Protocol):
 
 
 class KarpenterProvider:
-    """Deletes the Karpenter NodeClaim whose ``status.nodeName`` is the node."""
+    """Deletes the node's Karpenter NodeClaim: the one its Node names as owner (Karpenter's
+    registration sets that reference), found with two reads whatever the fleet's size;
+    else, for a Node without it, the NodeClaim whose ``status.nodeName`` is the node."""
 
     name = "karpenter"
 
@@ -30,17 +33,38 @@ class KarpenterProvider:
         self.api = api
 
     def replace(self, node: str) -> bool:
-        claims = [
-            claim
-            for claim in self.api.list(NODECLAIMS.path()).items
-            if (claim.get("status") or {}).get("nodeName") == node
-        ]
+        claims = self._owning(node)
+        if claims is None:
+            claims = [
+                claim
+                for claim in self.api.list(NODECLAIMS.path()).items
+                if (claim.get("status") or {}).get("nodeName") == node
+            ]
         for claim in claims:
             if not claim["metadata"].get("deletionTimestamp"):
                 # Deleted meanwhile is what we wanted anyway.
                 with contextlib.suppress(KubeNotFound):
                     self.api.delete(NODECLAIMS.path(claim["metadata"]["name"]))
         return bool(claims)
+
+    def _owning(self, node: str) -> list[Json] | None:
+        """The NodeClaim the Node names as its owner ([] if it is gone already); None when
+        the Node (or its reference) is not there to say."""
+        try:
+            owners = self.api.get(NODES.path(node))["metadata"].get("ownerReferences") or []
+        except KubeNotFound:
+            return None
+        names = [
+            o.get("name")
+            for o in owners
+            if o.get("kind") == "NodeClaim" and str(o.get("apiVersion", "")).startswith(GROUP)
+        ]
+        if not names or not isinstance(names[0], str):
+            return None
+        try:
+            return [self.api.get(NODECLAIMS.path(names[0]))]
+        except KubeNotFound:
+            return []
 
 
 class DeleteNodeProvider:
