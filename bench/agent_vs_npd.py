@@ -21,8 +21,9 @@ One iteration:
    it (renamed away, a fresh file with the example's boot lines created in its place).
    gpuguard starts over on a new file and goes back to healthy; NPD reopens the new file.
 2. A random pause of 0.6-1.6 s, so the write lands at a random phase of both agents'
-   timers (gpuguard polls the file every 100 ms; NPD polls it every 500 ms at end of file
-   and writes conditions on a 1 s tick).
+   timers (gpuguard reads the file when inotify says it changed, a version before
+   2026-12-04 polled it every 100 ms; NPD polls it every 500 ms at end of file and writes
+   conditions on a 1 s tick).
 3. One real Xid line is appended (the code cycles through 79, 48, 119) and the time is
    taken when the write returns.
 4. Both Nodes are watched (one ``watch`` on the Node list, timestamped as each event

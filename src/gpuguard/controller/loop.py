@@ -248,6 +248,7 @@ class Controller:
 
     def _lead(self) -> None:
         log.info("%s leads", self.identity)
+        self.quarantine.forget()
         self.reconciler.stale = True  # read the episodes the previous leader wrote
         self.metrics.leader.set(1)
         self.slis.leading = True
@@ -256,6 +257,7 @@ class Controller:
 
     def _step_down(self) -> None:
         log.info("%s no longer leads", self.identity)
+        self.quarantine.forget()
         self.leading.clear()
         self.slis.leading = False
         self.metrics.leader.set(0)
@@ -323,10 +325,12 @@ class Controller:
     def _quarantine_now(self, name: str, node: Json) -> None:
         """A change that makes a node with no episode unhealthy is tainted at once, not
         after the pass in progress (``quarantine.py``); not in dry run, not as standby."""
-        if self.applier.dry_run or not self.leading.is_set() or name in self.reconciler.episodes:
+        self.quarantine.seen(name, node)
+        if self.applier.dry_run or not self.leading.is_set():
             return
         if self._nodes.get(name) is node:  # else unreadable: the last good reading stands
-            self.quarantine.offer(node, self._observed[name], self.clock.now())
+            episode = name in self.reconciler.episodes
+            self.quarantine.offer(node, self._observed[name], self.clock.now(), episode=episode)
 
     def _take_answers(self, item: Snapshot | WatchEvent) -> str:
         """Answers to requested actions, as the agents (or providers) write them."""
@@ -543,8 +547,12 @@ class Controller:
             self.collect_closed(now)
         return done.plan
 
-    @staticmethod
-    def _read(observed: NodeObservation, silent_since: float | None) -> NodeObservation:
+    def _read(self, observed: NodeObservation, silent_since: float | None) -> NodeObservation:
+        """The node as a pass sees it: silenced if its agent went quiet, tainted if our
+        quarantine wrote the taint that the watch has not shown yet (so the pass does not
+        send it again)."""
+        if not observed.tainted and self.quarantine.wrote(observed.name):
+            observed = dataclasses.replace(observed, tainted=True)
         return observed if silent_since is None else silenced(observed, silent_since)
 
     def _tell_silent(self, silent: Mapping[str, float], now: float) -> None:

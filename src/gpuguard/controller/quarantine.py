@@ -38,22 +38,48 @@ class Quarantine:
         self._pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="quarantine")
         self._lock = threading.Lock()
         self._writing: set[str] = set()
+        # Node -> the resourceVersion our taint made, until the watch shows that version
+        # or a later one: the changes before it (the agent's report follows its
+        # condition) must not send the taint again.
+        self._written: dict[str, int] = {}
 
-    def offer(self, node: Json, observed: NodeObservation, now: float) -> bool:
-        """Taint ``node`` (its slim cached form) now if ``observed``, a node with no open
-        episode, must be quarantined and is not yet; True when a write was started."""
-        if observed.tainted or not opens_episode(observed, self.policy, now):
-            return False
+    def offer(self, node: Json, observed: NodeObservation, now: float, *, episode: bool) -> bool:
+        """Taint ``node`` (its slim cached form) now if ``observed`` must be quarantined and
+        is not yet (``episode``: it has an open one, which the pass looks after); True
+        when a write was started. The caller has shown it the change first (``seen``)."""
+        name = observed.name
         with self._lock:
-            if observed.name in self._writing:
+            if name in self._written:
+                return False  # a change from before our taint
+            if episode or observed.tainted or name in self._writing:
                 return False
-            self._writing.add(observed.name)
-        self._pool.submit(self._taint, node, observed.name)
+            if not opens_episode(observed, self.policy, now):
+                return False
+            self._writing.add(name)
+        self._pool.submit(self._taint, node, name)
         return True
+
+    def seen(self, name: str, node: Json) -> None:
+        """A change of the node arrived (leading or not): from our taint's version on, the
+        watch shows what the node carries, and the pending taint is forgotten."""
+        with self._lock:
+            ours = self._written.get(name)
+            if ours is not None and _version(node) >= ours:
+                del self._written[name]
+
+    def forget(self) -> None:
+        """Leadership changed hands: what was written before is for the cache to show."""
+        with self._lock:
+            self._written.clear()
+
+    def wrote(self, name: str) -> bool:
+        """Whether the node carries the taint written here, not yet seen on the watch."""
+        with self._lock:
+            return name in self._written
 
     def _taint(self, node: Json, name: str) -> None:
         try:
-            fleet.taint(self.writer, node)
+            tainted = fleet.taint(self.writer, node)
         except KubeFenced as exc:
             self.metrics.actions.labels(TAINT, "fenced").inc()
             log.debug("taint of %s not written: %s", name, exc)
@@ -63,9 +89,17 @@ class Quarantine:
         else:
             self.metrics.actions.labels(TAINT, "ok").inc()
             log.info("%s %s: unhealthy, ahead of the pass", TAINT, name, extra=logs.about(name))
+            with self._lock:
+                self._written[name] = _version(tainted)
         finally:
             with self._lock:
                 self._writing.discard(name)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _version(node: Json) -> int:
+    """The Node's resourceVersion as a number (etcd's revision; 0 if not one)."""
+    version = str((node.get("metadata") or {}).get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
