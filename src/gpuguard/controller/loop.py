@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.conditions import TRUE
@@ -38,6 +38,8 @@ from gpuguard.controller.quarantine import Quarantine
 from gpuguard.controller.replacements import Replacements
 from gpuguard.controller.silence import Silence
 from gpuguard.controller.slis import DEFAULT_GPU_NODES, Selector, ServiceLevels
+from gpuguard.controller.watches import Watched
+from gpuguard.controller.watches import start as watches_start
 from gpuguard.kube.errors import KubeError, KubeFenced
 from gpuguard.kube.fleet import decode_node_page, slim_node
 from gpuguard.kube.jobs import JOBS, slim_job
@@ -50,7 +52,7 @@ from gpuguard.kube.remediations import (
     read_episodes,
 )
 from gpuguard.kube.rest import NODES, PODS, Json, KubeApi, WatchEvent
-from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
+from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot
 from gpuguard.metrics_server import LIVENESS_S
 from gpuguard.remediation.attribution import Cause, NodeAtFailure
 from gpuguard.remediation.crash_memory import CRASH_LAYER
@@ -153,23 +155,19 @@ class Controller:
         """Until ``stop`` is set, or until one of its threads dies (``failed`` says which):
         then it sets ``stop`` itself, which gives the Lease up, and returns; the process
         exits non-zero, so a broken replica never keeps the fleet's leadership."""
-        self.watch_threads = watches = [
-            threading.Thread(
-                target=self._follow,
-                args=(stop, path, project, decode, take),
-                name=f"watch-{what}",
-                daemon=True,
-            )
-            for what, path, project, decode, take in (
+        self.watch_threads = watches = watches_start(
+            self.api,
+            [
                 # Nodes are listed through the decoder that skips what slim_node drops.
-                ("nodes", NODES.path(), slim_node, decode_node_page, self._take),
-                ("noderemediations", NODE_REMEDIATIONS.path(), None, None, self._take_answers),
-                ("pods", PODS.path(), slim_pod, None, self._take_pods),
-                ("jobs", JOBS.path(), slim_job, None, self._take_jobs),
-            )
-        ]
-        for thread in watches:
-            thread.start()
+                Watched("nodes", NODES.path(), self._take, slim_node, decode_node_page),
+                Watched("noderemediations", NODE_REMEDIATIONS.path(), self._take_answers),
+                Watched("pods", PODS.path(), self._take_pods, slim_pod),
+                Watched("jobs", JOBS.path(), self._take_jobs, slim_job),
+            ],
+            stop,
+            self.metrics,
+            self.retry_s,
+        )
         election = start_leader_election(
             self.elector, stop, on_started_leading=self._lead, on_stopped_leading=self._step_down
         )
@@ -261,36 +259,6 @@ class Controller:
         self.leading.clear()
         self.slis.leading = False
         self.metrics.leader.set(0)
-
-    def _follow(
-        self,
-        stop: threading.Event,
-        path: str,
-        project: Callable[[Json], Json] | None,
-        decode: Callable[[bytes], Json] | None,
-        take: Callable[[Snapshot | WatchEvent], str],
-    ) -> None:
-        version = ""
-
-        def stream() -> Iterator[Snapshot | WatchEvent]:
-            return list_then_watch(
-                self.api,
-                path,
-                project=project,
-                decode_page=decode,
-                resource_version=version,
-                stop=stop,
-            )
-
-        def fold(item: Snapshot | WatchEvent) -> None:
-            nonlocal version
-            try:
-                version = take(item) or version
-            except Exception:  # one object gpuguard cannot read must not end the watch
-                self.metrics.unreadable.labels(path).inc()
-                log.exception("%s: a watch item could not be read, skipped", path)
-
-        keep_watching(stream, fold, stop, log=log, what=path, retry_s=self.retry_s)
 
     def _take(self, item: Snapshot | WatchEvent) -> str:
         """Fold a watch item into the cache, projecting each changed Node once here so
