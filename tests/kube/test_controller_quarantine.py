@@ -21,6 +21,7 @@ from tests.support.controllers import (
     node_name,
     reconciled,
     remediations,
+    status_of,
     tainted,
 )
 
@@ -85,6 +86,22 @@ def test_a_node_flipping_during_a_pass_is_tainted_before_the_pass_ends(api, held
     held.hold.clear()
     wait_for(lambda: remediations(api, second), 10, "the episode opened by the next pass")
     assert tainted(api, second)
+
+
+def test_a_fault_gone_before_the_pass_still_leaves_its_episode(api, held):
+    (name,) = healthy_nodes(api, 1)
+    held.hold.set()
+    flip(api, name)
+    wait_for(held.waiting.is_set, 10, "a pass in progress")
+    wait_for(lambda: tainted(api, name), 5, "the taint, ahead of the pass")
+    set_health(api, name)  # healthy again before any pass has seen the fault
+    held.release.set()
+    held.hold.clear()
+    wait_for(lambda: remediations(api, name), 10, "the quarantine recorded all the same")
+    first = status_of(api, name)["steps"][0]["message"]
+    assert first.startswith("quarantined: gpu False") and "(now all layers True)" in first, first
+    wait_for(lambda: status_of(api, name).get("resolution") == "Transient", 20, "closed")
+    assert not tainted(api, name)
 
 
 def test_no_taint_ahead_of_the_pass_for_an_excluded_node(api, held):

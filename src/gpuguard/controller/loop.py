@@ -393,6 +393,7 @@ class Controller:
         )
 
     def _drop(self, name: str) -> None:
+        self.quarantine.settled([name])
         self.attribution.forget_node(name)
         self._lost.add(name)
         self._nodes.pop(name, None)
@@ -479,7 +480,8 @@ class Controller:
         with self._lock:
             silent, next_silence = self.silence.silent(self._observed, now)
             # Only nodes that can need a decision; the population sizes budgets and breaker.
-            wanted = (reconciler.wanted() | silent.keys()) & self._nodes.keys()
+            ahead = self.quarantine.waiting()  # tainted, their episodes not opened yet
+            wanted = (reconciler.wanted() | silent.keys() | ahead) & self._nodes.keys()
             nodes = {name: self._nodes[name] for name in wanted}
             observations = {
                 name: self._with_pods(self._read(self._observed[name], silent.get(name)), now)
@@ -498,6 +500,7 @@ class Controller:
             population=population,
         )
         self.breakers.save(done.plan.breaker)
+        self.quarantine.settled(reconciler.episodes.keys() & ahead)
         self._mark_ahead(observations, now)
         self.replacements.take(done.plan, now)
         if self.replacements.awaiting:
@@ -516,11 +519,14 @@ class Controller:
         return done.plan
 
     def _read(self, observed: NodeObservation, silent_since: float | None) -> NodeObservation:
-        """The node as a pass sees it: silenced if its agent went quiet, tainted if our
+        """The node as a pass sees it: silenced if its agent went quiet; tainted if our
         quarantine wrote the taint that the watch has not shown yet (so the pass does not
-        send it again)."""
+        send it again), with what it showed then until the pass opens its episode."""
         if not observed.tainted and self.quarantine.wrote(observed.name):
             observed = dataclasses.replace(observed, tainted=True)
+        ahead = self.quarantine.ahead(observed.name)
+        if ahead and observed.name not in self.reconciler.episodes:
+            observed = dataclasses.replace(observed, quarantined_for=ahead)
         return observed if silent_since is None else silenced(observed, silent_since)
 
     def _tell_silent(self, silent: Mapping[str, float], now: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuguard import logs
@@ -19,7 +20,7 @@ from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.kube import fleet
 from gpuguard.kube.errors import KubeError, KubeFenced
 from gpuguard.kube.rest import Json, KubeApi
-from gpuguard.remediation.health import opens_episode
+from gpuguard.remediation.health import describe, opens_episode
 from gpuguard.remediation.model import DecisionKind, NodeObservation
 from gpuguard.remediation.policy import Policy
 
@@ -42,6 +43,8 @@ class Quarantine:
         # or a later one: the changes before it (the agent's report follows its
         # condition) must not send the taint again.
         self._written: dict[str, int] = {}
+        # Node -> what it showed when tainted here, until a pass has opened its episode.
+        self._ahead: dict[str, str] = {}
 
     def offer(self, node: Json, observed: NodeObservation, now: float, *, episode: bool) -> bool:
         """Taint ``node`` (its slim cached form) now if ``observed`` must be quarantined and
@@ -51,12 +54,14 @@ class Quarantine:
         with self._lock:
             if name in self._written:
                 return False  # a change from before our taint
+            if episode:
+                self._ahead.pop(name, None)
             if episode or observed.tainted or name in self._writing:
                 return False
             if not opens_episode(observed, self.policy, now):
                 return False
             self._writing.add(name)
-        self._pool.submit(self._taint, node, name)
+        self._pool.submit(self._taint, node, name, describe(observed))
         return True
 
     def seen(self, name: str, node: Json) -> None:
@@ -71,13 +76,30 @@ class Quarantine:
         """Leadership changed hands: what was written before is for the cache to show."""
         with self._lock:
             self._written.clear()
+            self._ahead.clear()
 
     def wrote(self, name: str) -> bool:
         """Whether the node carries the taint written here, not yet seen on the watch."""
         with self._lock:
             return name in self._written
 
-    def _taint(self, node: Json, name: str) -> None:
+    def ahead(self, name: str) -> str:
+        """What the node showed when tainted here, while no pass has opened its episode."""
+        with self._lock:
+            return self._ahead.get(name, "")
+
+    def waiting(self) -> set[str]:
+        """The nodes tainted here whose episode no pass has opened yet."""
+        with self._lock:
+            return set(self._ahead)
+
+    def settled(self, names: Iterable[str]) -> None:
+        """These nodes' episodes are open (or the nodes gone): nothing waits on a pass."""
+        with self._lock:
+            for name in names:
+                self._ahead.pop(name, None)
+
+    def _taint(self, node: Json, name: str, why: str) -> None:
         try:
             tainted = fleet.taint(self.writer, node)
         except KubeFenced as exc:
@@ -91,6 +113,7 @@ class Quarantine:
             log.info("%s %s: unhealthy, ahead of the pass", TAINT, name, extra=logs.about(name))
             with self._lock:
                 self._written[name] = _version(tainted)
+                self._ahead[name] = why
         finally:
             with self._lock:
                 self._writing.discard(name)

@@ -85,7 +85,7 @@ def decide(
         node = nodes[name]
         if name in work or not repairable(node):
             continue
-        if opens_episode(node, policy, now):
+        if opens_episode(node, policy, now) or node.quarantined_for:
             work[name] = run.open(node)
             opened_now.add(name)
         elif is_healthy(node, policy, now):

@@ -118,9 +118,12 @@ class PlanBuilder:
             node_uid=node.uid,
             position=position_of(node),
         )
-        self.record(episode, f"quarantined: {describe(node)}")
+        seen = describe(node)
+        if node.quarantined_for and node.quarantined_for != seen:
+            seen = f"{node.quarantined_for} (now {seen})"  # the fault cleared meanwhile
+        self.record(episode, f"quarantined: {seen}")
         if not node.tainted:
-            self.emit(Kind.TAINT, node.name, f"unhealthy: {describe(node)}")
+            self.emit(Kind.TAINT, node.name, f"unhealthy: {seen}")
         return episode
 
     def clear_leftovers(self, node: NodeObservation) -> None:

@@ -65,6 +65,10 @@ class NodeObservation:
     position_shared_with: tuple[str, ...] = ()
     # A person's mark that the position was repaired (gpuguard.io/position-fixed; "": none).
     position_fixed: str = ""
+    # Tainted by the controller as its change arrived, ahead of the pass that opens the
+    # episode: what it showed then ("": not so). The episode is opened even if the node
+    # reads healthy again by then, so that no quarantine goes unrecorded.
+    quarantined_for: str = ""
 
 
 @dataclass(frozen=True)
