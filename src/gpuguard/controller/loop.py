@@ -291,8 +291,7 @@ class Controller:
         return version
 
     def _quarantine_now(self, name: str, node: Json) -> None:
-        """A change that makes a node with no episode unhealthy is tainted at once, not
-        after the pass in progress (``quarantine.py``); not in dry run, not as standby."""
+        """Taint at once a node this change makes unhealthy (``quarantine.py``)."""
         self.quarantine.seen(name, node)
         if self.applier.dry_run or not self.leading.is_set():
             return
@@ -519,14 +518,9 @@ class Controller:
         return done.plan
 
     def _read(self, observed: NodeObservation, silent_since: float | None) -> NodeObservation:
-        """The node as a pass sees it: silenced if its agent went quiet; tainted if our
-        quarantine wrote the taint that the watch has not shown yet (so the pass does not
-        send it again), with what it showed then until the pass opens its episode."""
-        if not observed.tainted and self.quarantine.wrote(observed.name):
-            observed = dataclasses.replace(observed, tainted=True)
-        ahead = self.quarantine.ahead(observed.name)
-        if ahead and observed.name not in self.reconciler.episodes:
-            observed = dataclasses.replace(observed, quarantined_for=ahead)
+        """The node as a pass sees it: with our quarantine's taint, silenced if quiet."""
+        episode = observed.name in self.reconciler.episodes
+        observed = self.quarantine.as_pass_sees(observed, episode=episode)
         return observed if silent_since is None else silenced(observed, silent_since)
 
     def _tell_silent(self, silent: Mapping[str, float], now: float) -> None:

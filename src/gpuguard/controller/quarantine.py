@@ -10,6 +10,7 @@ here and a small pool of writers taints it at once; everything else stays with t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterable
@@ -78,15 +79,17 @@ class Quarantine:
             self._written.clear()
             self._ahead.clear()
 
-    def wrote(self, name: str) -> bool:
-        """Whether the node carries the taint written here, not yet seen on the watch."""
+    def as_pass_sees(self, observed: NodeObservation, *, episode: bool) -> NodeObservation:
+        """``observed`` tainted if the taint written here has not shown on the watch yet
+        (so a pass does not send it again), and, while ``episode`` is not open, with what
+        it showed when tainted (so the pass opens one even if the fault has cleared)."""
         with self._lock:
-            return name in self._written
-
-    def ahead(self, name: str) -> str:
-        """What the node showed when tainted here, while no pass has opened its episode."""
-        with self._lock:
-            return self._ahead.get(name, "")
+            wrote, ahead = observed.name in self._written, self._ahead.get(observed.name, "")
+        if wrote and not observed.tainted:
+            observed = dataclasses.replace(observed, tainted=True)
+        if ahead and not episode:
+            observed = dataclasses.replace(observed, quarantined_for=ahead)
+        return observed
 
     def waiting(self) -> set[str]:
         """The nodes tainted here whose episode no pass has opened yet."""

@@ -142,7 +142,8 @@ def recent_episodes(node: str, history: Sequence[Episode], policy: Policy, now: 
 
 
 def describe(node: NodeObservation) -> str:
-    """One line for steps and events: ``gpu False XID_79 -> REBOOT on 0000:91:00.0``."""
+    """One line for steps and events: ``gpu False XID_79 -> REBOOT on 0000:91:00.0``; for
+    a node tainted ahead of the pass, what it showed then too, if that has changed."""
     parts = []
     for name in sorted(node.layers):
         layer = node.layers[name]
@@ -156,4 +157,7 @@ def describe(node: NodeObservation) -> str:
         if layer.gpus:
             text += " on " + ",".join(layer.gpus)
         parts.append(text)
-    return "; ".join(parts) or "all layers True"
+    now = "; ".join(parts) or "all layers True"
+    if node.quarantined_for and node.quarantined_for != now:  # tainted, and cleared since
+        return f"{node.quarantined_for} (now {now})"
+    return now

@@ -118,12 +118,9 @@ class PlanBuilder:
             node_uid=node.uid,
             position=position_of(node),
         )
-        seen = describe(node)
-        if node.quarantined_for and node.quarantined_for != seen:
-            seen = f"{node.quarantined_for} (now {seen})"  # the fault cleared meanwhile
-        self.record(episode, f"quarantined: {seen}")
+        self.record(episode, f"quarantined: {describe(node)}")
         if not node.tainted:
-            self.emit(Kind.TAINT, node.name, f"unhealthy: {seen}")
+            self.emit(Kind.TAINT, node.name, f"unhealthy: {describe(node)}")
         return episode
 
     def clear_leftovers(self, node: NodeObservation) -> None:
