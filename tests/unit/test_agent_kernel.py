@@ -216,6 +216,21 @@ def following(path, notify, poll_s=0.01):
         thread.join(2)
 
 
+def test_with_inotify_a_line_written_to_a_symlinked_log_arrives_with_no_poll(tmp_path, monkeypatch):
+    # The followed path is a link into another directory: the target's is watched too.
+    monkeypatch.setattr(followers, "BACKSTOP_S", 3600.0)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    target = tmp_path / "real" / "kern.log"
+    target.write_text("boot line\n")
+    log = tmp_path / "links" / "kern.log"
+    log.symlink_to(target)
+    with following(log, notify=True, poll_s=3600.0) as sink:
+        with target.open("a") as handle:
+            handle.write(XID79 + "\n")
+        wait_for(lambda: any(b": 79," in line for line in sink.delivered()), 10)
+
+
 def test_an_overlong_line_keeps_its_head_and_its_tail_and_nothing_longer(tmp_path, notify):
     log = tmp_path / "kern.log"
     log.write_text("")

@@ -38,11 +38,13 @@ def _libc() -> ctypes.CDLL | None:
 
 
 class DirectoryWatch:
-    """Wakes for changes to one file name in one directory, or for ``stop``."""
+    """Wakes for changes to one file, or for ``stop``: its name in its directory, and,
+    when the path is a symbolic link, the target's name in the target's directory (a
+    write to the target tells nothing to the link's directory)."""
 
-    def __init__(self, fd: int, name: bytes, stop: threading.Event) -> None:
+    def __init__(self, fd: int, names: set[bytes], stop: threading.Event) -> None:
         self.fd = fd
-        self.name = name
+        self.names = names
         self.gone = False  # the directory itself went: the caller polls from then on
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
@@ -58,10 +60,12 @@ class DirectoryWatch:
         fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             return None
-        if libc.inotify_add_watch(fd, os.fsencode(path.parent), MASK) < 0:
-            os.close(fd)
-            return None
-        return cls(fd, os.fsencode(path.name), stop)
+        places = {path, path.resolve()}
+        for place in places:
+            if libc.inotify_add_watch(fd, os.fsencode(place.parent), MASK) < 0:
+                os.close(fd)
+                return None
+        return cls(fd, {os.fsencode(place.name) for place in places}, stop)
 
     def _wake_on(self, stop: threading.Event) -> None:
         stop.wait()
@@ -88,7 +92,7 @@ class DirectoryWatch:
                 name = data[offset + HEADER.size : offset + HEADER.size + length].rstrip(b"\0")
                 offset += HEADER.size + length
                 self.gone |= bool(mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED))
-                concerns |= bool(mask & ALWAYS) or name == self.name
+                concerns |= bool(mask & ALWAYS) or name in self.names
 
     def close(self) -> None:
         with self._lock:
