@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
+import functools
 import os
 import select
 import struct
@@ -27,10 +27,12 @@ HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; t
 READ_BYTES = 64 * 1024
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
+    """The C library's inotify calls, looked up once: the process's own symbols, since
+    ``find_library`` would run ldconfig on every follow (each retry of an unreadable log)."""
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         _ = libc.inotify_init1, libc.inotify_add_watch
     except (OSError, AttributeError, TypeError):
         return None
