@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuguard.checks.kernel_log.check import classify_log
-from gpuguard.checks.kernel_log.messages import _EFA, _KERNEL, _SXID, _XID, DRIVER_MESSAGES
+from gpuguard.kernel_log.check import classify_log
+from gpuguard.kernel_log.messages import _EFA, _KERNEL, _SXID, _XID, DRIVER_MESSAGES
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 LINES = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000

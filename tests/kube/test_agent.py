@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from gpuguard.agent.daemon import Agent
-from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.metrics import AgentMetrics, serve
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.contract.keys import MEMORY_ANNOTATION, REPORT_ANNOTATION
 from gpuguard.contract.times import parse_time
+from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import load_api
 from gpuguard.sources import BundleSources, LiveSources, Sources

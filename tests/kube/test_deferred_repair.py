@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from gpuguard.agent.daemon import Agent
-from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.contract.keys import TAINT_KEY
+from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import Json, KubeApi, load_api
 from gpuguard.sources import BundleSources

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from gpuguard.agent.daemon import Agent
-from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.checks.in_job.verdict_check import InJobCheck
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.controller.loop import Controller
+from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, KubeNotFound, load_api
 from gpuguard.sources import BundleSources

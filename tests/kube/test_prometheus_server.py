@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 
 from gpuguard.agent.daemon import Agent
-from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.contract.keys import EXCLUDE_LABEL
+from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import load_api
 from gpuguard.metrics_server import Served, serve

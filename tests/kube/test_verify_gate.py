@@ -17,13 +17,13 @@ import pytest
 
 from gpuguard.agent.daemon import Agent
 from gpuguard.agent.deep import Activity, Idleness
-from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config
 from gpuguard.contract.keys import REPORT_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.controller.loop import Controller
+from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import KubeApi, load_api
 from gpuguard.model import NODE, Action, Finding, Layer, Severity

@@ -26,12 +26,12 @@ from gpuguard.agent.deep import (
     Idleness,
     read_idleness,
 )
-from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.agent.publisher import deep_entries
 from gpuguard.checks.base import CheckContext
 from gpuguard.config import Config
 from gpuguard.errors import ToolMissing
+from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.model import NODE, Action, Finding, Layer, Outcome, Severity, Status
 from gpuguard.sources import BundleSources
 from tests.support.clock import FakeClock

@@ -9,20 +9,20 @@ import tracemalloc
 
 import pytest
 
-from gpuguard.agent.kernel_log import followers
-from gpuguard.agent.kernel_log.followers import FileFollower
-from gpuguard.agent.kernel_log.lines import MAX_LINE_BYTES
-from gpuguard.agent.kernel_log.monitor import KernelLogMonitor
-from gpuguard.agent.kernel_log.state import (
+from gpuguard.agent.metrics import AgentMetrics
+from gpuguard.agent.node_state import NodeState
+from gpuguard.clock import SYSTEM_CLOCK
+from gpuguard.contract.memory import encode_memory
+from gpuguard.kernel_log import followers
+from gpuguard.kernel_log.followers import FileFollower
+from gpuguard.kernel_log.lines import MAX_LINE_BYTES
+from gpuguard.kernel_log.monitor import KernelLogMonitor
+from gpuguard.kernel_log.state import (
     REMEMBERED_SOURCE,
     KernelState,
     lasting,
     recall,
 )
-from gpuguard.agent.metrics import AgentMetrics
-from gpuguard.agent.node_state import NodeState
-from gpuguard.clock import SYSTEM_CLOCK
-from gpuguard.contract.memory import encode_memory
 from gpuguard.model import Layer, Status
 from tests.support.clock import FakeClock
 from tests.support.cluster import wait_for
@@ -331,7 +331,12 @@ def monitoring(log):
     a function that gives the node's report now (None before the first)."""
     state = NodeState([])
     monitor = KernelLogMonitor(
-        FileFollower(log, poll_s=0.01), 600, lambda: "boot-1", state, AgentMetrics(), SYSTEM_CLOCK
+        FileFollower(log, poll_s=0.01),
+        600,
+        lambda: "boot-1",
+        state,
+        AgentMetrics().count_xids,
+        SYSTEM_CLOCK,
     )
     stop = threading.Event()
     thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)

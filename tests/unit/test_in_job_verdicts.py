@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from gpuguard.agent.daemon import Agent
-from gpuguard.agent.kernel_log.followers import FileFollower
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.in_job.verdict_check import InJobCheck, forget_verdicts
 from gpuguard.checks.load.deep_run import DeepRun
 from gpuguard.config import Config
+from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.model import Action, CheckResult, Layer, Outcome, Severity, Status, assess_layer
 from gpuguard.runner import run_check
 from gpuguard.sources import BundleSources

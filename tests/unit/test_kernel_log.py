@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.agent.kernel_log.state import KernelState
-from gpuguard.checks.kernel_log.check import classify_log, scan
-from gpuguard.checks.kernel_log.incidents import SAMPLE_CHARS
-from gpuguard.checks.kernel_log.messages import parse_line
-from gpuguard.checks.kernel_log.tally import MAX_INCIDENTS, IncidentTally
+from gpuguard.kernel_log.check import classify_log, scan
+from gpuguard.kernel_log.incidents import SAMPLE_CHARS
+from gpuguard.kernel_log.messages import parse_line
+from gpuguard.kernel_log.state import KernelState
+from gpuguard.kernel_log.tally import MAX_INCIDENTS, IncidentTally
 from gpuguard.model import Action, Layer, Severity
 from tests.conftest import read_data
 

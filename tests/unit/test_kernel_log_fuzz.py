@@ -9,8 +9,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.checks.kernel_log.check import RepeatScanner, classify_log, has_kernel_record, scan
 from gpuguard.errors import ParseError
+from gpuguard.kernel_log.check import RepeatScanner, classify_log, has_kernel_record, scan
 from gpuguard.model import Action, Finding, Severity
 from tests.conftest import DATA
 

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.cli import main
 from gpuguard.errors import ParseError
+from gpuguard.kernel_log.check import classify_log
 from gpuguard.model import Layer, Status
 from tests.support.cluster import wait_for
 from tests.unit.test_agent_kernel import monitoring

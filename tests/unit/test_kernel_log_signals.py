@@ -5,8 +5,8 @@ reported by the bridge above a GPU. Lines are in the shapes their printing code 
 
 from __future__ import annotations
 
-from gpuguard.agent.kernel_log.state import KernelState
-from gpuguard.checks.kernel_log.check import classify_log
+from gpuguard.kernel_log.check import classify_log
+from gpuguard.kernel_log.state import KernelState
 from gpuguard.model import NODE, Action, Severity
 
 XID119 = (

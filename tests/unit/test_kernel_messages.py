@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.agent.kernel_log.state import KernelState
-from gpuguard.checks.kernel_log.check import classify_log
+from gpuguard.kernel_log.check import classify_log
+from gpuguard.kernel_log.state import KernelState
 from gpuguard.model import NODE, Action, Layer, Severity, Status, assess_layer, gpu
 
 ROWS = list(

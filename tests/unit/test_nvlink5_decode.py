@@ -11,7 +11,7 @@ import csv
 
 import pytest
 
-from gpuguard.checks.kernel_log.check import classify_log
+from gpuguard.kernel_log.check import classify_log
 from gpuguard.model import Action, Severity
 from tests.conftest import read_data
 

@@ -26,7 +26,6 @@ from gpuguard.checks.dcgm import diag as dcgm_diag
 from gpuguard.checks.dcgm import exporter as dcgm_exporter
 from gpuguard.checks.dcgm import health as dcgm_health
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
-from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.checks.load import judge
 from gpuguard.checks.load.nic_loopback import judge_loopback
 from gpuguard.checks.nvidia_smi import check as smi
@@ -34,6 +33,7 @@ from gpuguard.contract.conditions import PROFILES, desired_conditions
 from gpuguard.contract.keys import REPORT_ANNOTATION
 from gpuguard.contract.report import ReportDocument, encode_report, layer_entries
 from gpuguard.controller.observe import project_node
+from gpuguard.kernel_log.check import classify_log
 from gpuguard.model import (
     NODE,
     Action,
@@ -50,6 +50,7 @@ from gpuguard.model import (
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "checks.md"
 CHECKS = ROOT / "src" / "gpuguard" / "checks"
+KERNEL_LOG = ROOT / "src" / "gpuguard" / "kernel_log"
 FIXTURES = [
     *sorted((ROOT.parent / "shared" / "fixtures").glob("dmesg_*.log")),
     *sorted((ROOT / "examples").glob("*/kmsg.log")),
@@ -226,9 +227,11 @@ def rows_for(code: str) -> list[Row]:
 
 
 def _code_literals() -> set[str]:
-    """Every upper-case code-like string in the checks' source: what a check can name."""
+    """Every upper-case code-like string in the checks' and the kernel log's source: what a
+    check can name."""
     found: set[str] = set()
-    for path in [*CHECKS.rglob("*.py"), ROOT / "src" / "gpuguard" / "model.py"]:
+    sources = [*CHECKS.rglob("*.py"), *KERNEL_LOG.rglob("*.py")]
+    for path in [*sources, ROOT / "src" / "gpuguard" / "model.py"]:
         for item in ast.walk(ast.parse(path.read_text())):
             text = item.value if isinstance(item, ast.Constant) else None
             if isinstance(text, str) and re.fullmatch(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)+_?", text):

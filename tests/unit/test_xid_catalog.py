@@ -12,8 +12,8 @@ import csv
 import pytest
 
 from gpuguard.checks import nvlink5
-from gpuguard.checks.kernel_log.check import classify_log
 from gpuguard.checks.xid_catalog import BUCKET_RULES, OVERRIDES, catalog, rule_for
+from gpuguard.kernel_log.check import classify_log
 from gpuguard.model import Action, Severity
 from tests.conftest import DATA
 

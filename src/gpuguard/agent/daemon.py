@@ -20,9 +20,6 @@ from typing import TYPE_CHECKING
 
 from gpuguard.agent.check_loops import CheckLoops
 from gpuguard.agent.deep import DeepSchedule, Idleness, nvml_idleness
-from gpuguard.agent.kernel_log.followers import Follower
-from gpuguard.agent.kernel_log.monitor import NAME as KERNEL_LOG
-from gpuguard.agent.kernel_log.monitor import KernelLogMonitor
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.agent.node_state import NodeState
 from gpuguard.agent.orders import Orders
@@ -35,6 +32,9 @@ from gpuguard.checks.registry import FALLBACKS
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.config import Config
 from gpuguard.contract.conditions import PROFILES, Desired, desired_conditions
+from gpuguard.kernel_log.followers import Follower
+from gpuguard.kernel_log.monitor import NAME as KERNEL_LOG
+from gpuguard.kernel_log.monitor import KernelLogMonitor
 from gpuguard.kube.watch import WATCH_JOIN_S
 from gpuguard.model import Action, Layer, NodeReport
 from gpuguard.sources import Sources
@@ -82,7 +82,7 @@ class Agent:
             config.application_fault_ttl_s,
             sources.boot_id,
             self.state,
-            self.metrics,
+            self.metrics.count_xids,
             clock,
         )
         self.deep = DeepSchedule(

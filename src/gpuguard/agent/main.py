@@ -12,11 +12,11 @@ import threading
 
 from gpuguard import logs
 from gpuguard.agent.daemon import Agent
-from gpuguard.agent.kernel_log.followers import Follower, follower_for
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.registry import default_checks
 from gpuguard.config import Config, load_config
 from gpuguard.errors import ConfigError
+from gpuguard.kernel_log.followers import Follower, follower_for
 from gpuguard.metrics_server import serve
 from gpuguard.model import Status
 from gpuguard.sources import BundleSources, LiveSources, Sources

@@ -15,6 +15,11 @@ class AgentMetrics(Probes):
     def __init__(self) -> None:
         super().__init__()
         self.registry = CollectorRegistry()
+        self._add_health()
+        self._add_publishing()
+        self._add_deep_checks()
+
+    def _add_health(self) -> None:
         self.layer_status = Gauge(
             "gpuguard_layer_status",
             "1 for the layer's current status, 0 for the others",
@@ -46,6 +51,8 @@ class AgentMetrics(Probes):
             ["xid"],
             registry=self.registry,
         )
+
+    def _add_publishing(self) -> None:
         self.last_publish = Gauge(
             "gpuguard_last_publish_timestamp_seconds",
             "When conditions were last written",
@@ -63,6 +70,8 @@ class AgentMetrics(Probes):
             ["kind"],
             registry=self.registry,
         )
+
+    def _add_deep_checks(self) -> None:
         self.deep_runs = Counter(
             "gpuguard_deep_check_runs_total",
             "Deep GPU check runs by trigger (schedule, verify) and verdict",
@@ -81,6 +90,9 @@ class AgentMetrics(Probes):
             ["reason"],
             registry=self.registry,
         )
+
+    def count_xids(self, code: int, lines: int) -> None:
+        self.xids.labels(str(code)).inc(lines)
 
     def observe_check(self, result: CheckResult) -> None:
         self.check_duration.labels(result.check).observe(result.duration_s)

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 from gpuguard.agent.check_loops import CheckLoops
 from gpuguard.agent.deep import DeepSchedule
-from gpuguard.agent.kernel_log.monitor import KernelLogMonitor
 from gpuguard.agent.node_state import NodeState
 from gpuguard.agent.repair import RepairBackend, RepairExecutor
 from gpuguard.agent.verify_requests import follow_verify_requests
 from gpuguard.clock import Clock
 from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
+from gpuguard.kernel_log.monitor import KernelLogMonitor
 from gpuguard.model import Action
 
 if TYPE_CHECKING:

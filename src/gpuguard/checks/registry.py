@@ -10,10 +10,10 @@ from gpuguard.checks.base import Check, Fallback
 from gpuguard.checks.dcgm.check import DcgmCheck, DcgmExporterCheck
 from gpuguard.checks.in_job.load_clocks import LoadClockCheck
 from gpuguard.checks.in_job.verdict_check import InJobCheck
-from gpuguard.checks.kernel_log.check import KernelLogCheck
 from gpuguard.checks.network.check import NetworkCheck
 from gpuguard.checks.nvidia_smi.check import SmiCheck
 from gpuguard.checks.nvml import NvmlCheck
+from gpuguard.kernel_log.check import KernelLogCheck
 
 # GPU sources in order of preference: DCGM, then NVML, then nvidia-smi. The kernel log
 # comes first so that its Xid lines (the richest evidence) win when sources overlap.

@@ -17,8 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
-from gpuguard.checks.kernel_log.check import classify_log, scan
-from gpuguard.checks.kernel_log.messages import parse_line
 from gpuguard.checks.load.backend import DeviceInfo
 from gpuguard.checks.load.deep_run import DeepRun
 from gpuguard.checks.load.figures import expected_for, load_table
@@ -30,6 +28,8 @@ from gpuguard.checks.xid_catalog import rule_for
 from gpuguard.config import DeepChecks
 from gpuguard.contract.conditions import PROFILES
 from gpuguard.contract.report import LayerReport, layer_reports
+from gpuguard.kernel_log.check import classify_log, scan
+from gpuguard.kernel_log.messages import parse_line
 from gpuguard.model import CheckResult, Layer, Outcome, Severity
 from gpuguard.remediation.health import as_policy_reads
 from gpuguard.runner import assess, inconclusive_result
@@ -83,7 +83,7 @@ def kernel_line(signal: Signal, gpu: int) -> str | None:
 
 def is_application_line(line: str) -> bool:
     """Application Xids leave the agent's verdict after a time to live (as in
-    agent/kernel_log/state.py)."""
+    kernel_log/state.py)."""
     event = parse_line(line)
     return event is not None and event.code is not None and rule_for(event.code).application
 

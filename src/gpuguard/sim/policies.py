@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 
-from gpuguard.checks.kernel_log.messages import parse_line
+from gpuguard.kernel_log.messages import parse_line
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import DAY, Fault
 from gpuguard.sim.jobs import Job

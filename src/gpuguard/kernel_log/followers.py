@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from gpuguard.agent.kernel_log.inotify import DirectoryWatch
-from gpuguard.agent.kernel_log.lines import LineCutter
+from gpuguard.kernel_log.inotify import DirectoryWatch
+from gpuguard.kernel_log.lines import LineCutter
 from gpuguard.sources import KMSG, drain_kmsg, kernel_log_methods, kmsg_message
 
 POLL_S = 0.1  # where inotify is not there

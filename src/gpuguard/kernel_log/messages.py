@@ -55,7 +55,7 @@ KERNEL_PHRASES = (
     "achine check",  # "Machine check events logged", "Machine check: Processor context ..."
     "EDAC ",
 )
-# Driver messages other than Xids, by the phrases that identify them (kernel_incidents maps
+# Driver messages other than Xids, by the phrases that identify them (rules.DRIVER_RULES maps
 # each kind to its finding; data/kernel_messages.csv lists the format strings). The first
 # kind with a phrase in the line wins.
 DRIVER_PHRASES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -150,7 +150,7 @@ _LINK = re.compile(
     r"|\(slave (?P<slave>[\w.@-]+)\): link status definitely (?P<bond>up|down)\b)"
 )
 LINK_PHRASES = (": Link ", "NIC Link is", "(slave ")  # few and rare: the prefilter's speed
-# Kernel-level faults; kernel_incidents.KERNEL_RULES maps the matched words to findings.
+# Kernel-level faults; rules.KERNEL_RULES maps the matched words to findings.
 # An x86 die header (arch/x86/kernel/dumpstack.c: "%s: %04lx [#%d]") names the trap
 # that killed kernel code; userspace traps ("traps: python[12] general protection fault
 # ip:...") carry no such header and are not kernel faults.

@@ -1,5 +1,5 @@
-"""The agent's kernel-log monitor: the log followed into :class:`KernelState`, the state's
-findings, and their memory on the Node.
+"""The kernel log's monitor in the agent: the log followed into :class:`KernelState`, the
+state's findings handed to the node state, and their memory on the Node.
 
 The kernel log is followed, not polled like the other checks (so it has no check loop).
 A log that cannot be followed (or has gone, ``followers.MISSING_GRACE_S``) is a ``FAILED``
@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
-from gpuguard.agent.kernel_log.followers import Follower
-from gpuguard.agent.kernel_log.state import KernelState, lasting, recall
-from gpuguard.agent.metrics import AgentMetrics
-from gpuguard.agent.node_state import NodeState
-from gpuguard.checks.kernel_log.check import KernelLogCheck
 from gpuguard.clock import Clock
 from gpuguard.contract.memory import encode_memory
+from gpuguard.kernel_log.check import KernelLogCheck
+from gpuguard.kernel_log.followers import Follower
+from gpuguard.kernel_log.state import KernelState, lasting, recall
 from gpuguard.model import CheckResult, Finding, Layer, NodeReport, Outcome
 from gpuguard.runner import inconclusive_result
 
@@ -30,14 +29,24 @@ NAME = KernelLogCheck.name
 FOLLOW_RETRY_S = 5.0
 
 
+class KernelStatusSink(Protocol):
+    """Where the kernel layer's verdict goes (the agent's node state)."""
+
+    def put_kernel_status(self, result: CheckResult) -> None: ...
+
+
+# Counts ``lines`` Xid lines of ``code`` (the agent's metric).
+XidCounter = Callable[[int, int], None]
+
+
 class KernelLogMonitor:
     def __init__(
         self,
         follower: Follower,
         application_ttl_s: float,
         boot_id: Callable[[], str],
-        state: NodeState,
-        metrics: AgentMetrics,
+        state: KernelStatusSink,
+        count_xids: XidCounter,
         clock: Clock,
         *,
         retry_s: float = FOLLOW_RETRY_S,
@@ -45,7 +54,7 @@ class KernelLogMonitor:
         self.follower = follower
         self._boot_id = boot_id
         self._state = state
-        self._metrics = metrics
+        self._count_xids = count_xids
         self._clock = clock
         self._retry_s = retry_s
         self._kernel = KernelState(application_ttl_s, boot_id, clock.monotonic)
@@ -65,7 +74,7 @@ class KernelLogMonitor:
     def lines(self, block: bytes, reset: bool) -> None:
         """New lines of the log."""
         for code, lines in self._kernel.add_block(block, reset).items():
-            self._metrics.xids.labels(str(code)).inc(lines)
+            self._count_xids(code, lines)
         elapsed = self._clock.monotonic() - self._started
         garbage = self._kernel.unrecognised_bytes
         if garbage:

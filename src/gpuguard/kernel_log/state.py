@@ -15,11 +15,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from gpuguard.checks.kernel_log.check import KernelLogCheck, RepeatScanner, has_kernel_record
-from gpuguard.checks.kernel_log.incidents import Incident, IncidentKey
-from gpuguard.checks.kernel_log.tally import IncidentTally
 from gpuguard.contract.errors import ContractError
 from gpuguard.contract.memory import decode_memory
+from gpuguard.kernel_log.check import KernelLogCheck, RepeatScanner, has_kernel_record
+from gpuguard.kernel_log.incidents import Incident, IncidentKey
+from gpuguard.kernel_log.tally import IncidentTally
 from gpuguard.model import Finding, Severity
 from gpuguard.model import normalize_pci_bus_id as gpu_id
 
@@ -29,7 +29,7 @@ REMEMBERED_SOURCE = f"{SOURCE} (remembered across agent restart)"
 
 
 class KernelState:
-    """The log's incidents (counted, never its lines: ``checks.kernel_log.tally``)."""
+    """The log's incidents (counted, never its lines: ``tally``)."""
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ report can be tied to the GPUs on its buses. Both tables are bounded.
 
 from __future__ import annotations
 
-from gpuguard.checks.kernel_log.messages import KernelEvent
+from gpuguard.kernel_log.messages import KernelEvent
 from gpuguard.model import normalize_pci_bus_id
 
 MAX_GPUS = 64

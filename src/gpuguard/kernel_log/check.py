@@ -4,7 +4,7 @@ The kernel log is the layer that still works when DCGM, NVML and nvidia-smi do n
 is always read. Scanning is two-step for speed: a byte-level multi-pattern search (a SIMD
 Aho-Corasick automaton) finds the few lines that contain a marker (a node's boot log is
 mostly other drivers' chatter), and only those lines are decoded and parsed by the
-grammar in :mod:`gpuguard.checks.kernel_log.messages`, whatever the collector's prefix
+grammar in :mod:`gpuguard.kernel_log.messages`, whatever the collector's prefix
 (``dmesg``, ``dmesg -T``, ISO, ``--decode``, journald, raw ``/dev/kmsg``).
 
 One printk call can hold several lines (the driver's "fallen off the bus" message has
@@ -26,15 +26,15 @@ from typing import ClassVar
 import ahocorasick_rs
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.kernel_log.messages import (
+from gpuguard.errors import ParseError
+from gpuguard.kernel_log.messages import (
     AER_PHRASES,
     KERNEL_PHRASES,
     LINK_PHRASES,
     KernelEvent,
     parse_line,
 )
-from gpuguard.checks.kernel_log.tally import findings_for_events
-from gpuguard.errors import ParseError
+from gpuguard.kernel_log.tally import findings_for_events
 from gpuguard.model import Finding, Layer
 from gpuguard.sources import Artifact
 
@@ -130,7 +130,7 @@ class RepeatScanner:
     A flood repeats one message with only its time stamp changing; the events of a message
     seen before come from a bounded cache, so the flood costs a dictionary look-up a line,
     not a parse and new objects. An event from the cache is the first line's (its
-    ``line`` is that line's): :class:`~gpuguard.checks.kernel_log.tally.IncidentTally`
+    ``line`` is that line's): :class:`~gpuguard.kernel_log.tally.IncidentTally`
     keeps only an incident's first line anyway; ``forget`` after dropping incidents.
     """
 

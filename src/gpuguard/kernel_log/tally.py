@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpuguard.checks.kernel_log.incidents import (
-    _NAMED_WITHIN,
-    DRIVER_RULES,
+from gpuguard.kernel_log.findings import incident_findings
+from gpuguard.kernel_log.incidents import (
+    NAMED_WITHIN,
     Incident,
     IncidentKey,
-    incident_findings,
     key_for,
     sample,
     sxid_details,
 )
-from gpuguard.checks.kernel_log.messages import KernelEvent
-from gpuguard.checks.kernel_log.topology import PciTopology
+from gpuguard.kernel_log.messages import KernelEvent
+from gpuguard.kernel_log.rules import DRIVER_RULES
+from gpuguard.kernel_log.topology import PciTopology
 from gpuguard.model import Finding, Severity, gpu
 
 MAX_INCIDENTS = 512
@@ -123,7 +123,7 @@ class IncidentTally:
         if self._named is None:
             return ""
         index, named = self._named
-        return named if self._index - index <= _NAMED_WITHIN else ""
+        return named if self._index - index <= NAMED_WITHIN else ""
 
     def drop(self, unwanted: Callable[[IncidentKey, Incident], bool]) -> bool:
         """Forget the incidents ``unwanted`` names; True when there were any."""

@@ -1,1 +1,0 @@
-"""The checks of the kernel log."""
