@@ -10,7 +10,7 @@ import uuid
 
 import yaml
 
-from gpuguard.controller.watches import Watched, follow
+from gpuguard.controller.watches import Watched, start
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.rest import load_api
 from tests.support.controllers import new_controller
@@ -38,13 +38,8 @@ def test_a_refused_watch_backs_off_and_warns_once(api, namespace, control_plane,
         controller = new_controller(refused_api, namespace, retry_s=0.05)
         stop = threading.Event()
         with caplog.at_level(logging.WARNING, logger="gpuguard.controller"):
-            jobs = Watched("jobs", JOBS.path(), controller._take_jobs, slim_job)
-            follower = threading.Thread(
-                target=follow,
-                args=(refused_api, jobs, stop, controller.metrics, 0.05),
-                daemon=True,
-            )
-            follower.start()
+            jobs = Watched("jobs", JOBS.path(), controller.workloads.take_jobs, slim_job)
+            (follower,) = start(refused_api, [jobs], stop, controller.metrics, 0.05)
             time.sleep(2.0)  # the window the tries are counted in: a rate needs a span of time
             stop.set()
             follower.join(5)

@@ -10,9 +10,11 @@ timeout is not started again while its previous run is still blocked
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 
+from gpuguard import threads
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.agent.node_state import NodeState
 from gpuguard.checks.base import Check, CheckContext, Fallback
@@ -42,27 +44,23 @@ class CheckLoops:
 
     def start(self, stop: threading.Event) -> list[threading.Thread]:
         """One daemon thread per check; returns them."""
-        threads = []
+        started = []
         for check in self.checks:
             ctx = CheckContext(self._sources, self._config, self._config.timeout_for(check.name))
             kick = threading.Event()
             self._kicks.append(kick)
-            thread = threading.Thread(
-                target=self._loop,
-                args=(RepeatingCheck(check, ctx), stop, kick),
-                name=f"loop-{check.name}",
-                daemon=True,
-            )
-            thread.start()
-            threads.append(thread)
-        return threads
+            loop = functools.partial(self._loop, RepeatingCheck(check, ctx), kick=kick)
+            started.append(threads.start(f"loop-{check.name}", loop, stop))
+        return started
 
     def kick(self) -> None:
         """Run every check again now."""
         for kick in self._kicks:
             kick.set()
 
-    def _loop(self, runner: RepeatingCheck, stop: threading.Event, kick: threading.Event) -> None:
+    def _loop(
+        self, runner: RepeatingCheck, stop: threading.Event, *, kick: threading.Event
+    ) -> None:
         name = runner.check.name
         while not stop.is_set():
             if self._stands_down(name):

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from gpuguard import threads
 from gpuguard.agent.check_loops import CheckLoops
 from gpuguard.agent.deep import DeepSchedule, Idleness, nvml_idleness
 from gpuguard.agent.metrics import AgentMetrics
@@ -113,12 +114,11 @@ class Agent:
     def start_observers(self, stop: threading.Event) -> list[threading.Thread]:
         """Start the monitors: check loops, kernel-log follower, deep schedule (daemon
         threads); returns them."""
-        threads = self.checks.start(stop)
-        for target, name in ((self.kernel_log.run, "kernel-log"), (self.deep.run, "deep")):
-            thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
-            thread.start()
-            threads.append(thread)
-        return threads
+        return [
+            *self.checks.start(stop),
+            threads.start("kernel-log", self.kernel_log.run, stop),
+            threads.start("deep", self.deep.run, stop),
+        ]
 
     def run(self, stop: threading.Event, also_supervise: Sequence[threading.Thread] = ()) -> None:
         """Observe and publish until ``stop`` is set, or until a thread it supervises (its
@@ -126,22 +126,22 @@ class Agent:
         assert self.api is not None and self.publisher is not None
         observers = self.start_observers(stop)
         requests = self.orders.watch_verify_requests(self.api, stop)
-        threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
+        threads.start("wake-on-stop", self._wake_on_stop, stop)
         watched = [*observers, requests, *also_supervise]
-        threading.Thread(target=self._supervise, args=(watched, stop), daemon=True).start()
+        threads.start(
+            "supervise",
+            lambda stop: threads.supervise(watched, stop, SUPERVISE_S, self._died),
+            stop,
+        )
         self.publisher.run(stop)
         requests.join(WATCH_JOIN_S)  # ended by _wake_on_stop: none left reading the client
 
-    def _supervise(self, threads: list[threading.Thread], stop: threading.Event) -> None:
+    def _died(self, why: str) -> None:
         """A dead observer would leave its layer's last verdict standing (a healthy one,
         say) for good: the agent stops instead (``failed`` says why), its liveness probe
         fails and the kubelet starts a fresh one."""
-        while not stop.wait(SUPERVISE_S):
-            dead = [thread.name for thread in threads if not thread.is_alive()]
-            if dead:
-                self.failed = f"thread {', '.join(dead)} died"
-                log.error("%s: stopping", self.failed)
-                stop.set()
+        self.failed = why
+        log.error("%s: stopping", why)
 
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from gpuguard import logs
+from gpuguard import logs, threads
 from gpuguard.agent.daemon import Agent
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.registry import default_checks
@@ -70,8 +70,7 @@ def run_agent(args: argparse.Namespace) -> int:
         smi = config.tools.get("nvidia-smi") or shutil.which("nvidia-smi") or "nvidia-smi"
         backend = NvidiaSmiRepair(smi, config.reboot_command)
     executor = agent.orders.repairs(kube, backend)
-    repairs = threading.Thread(target=executor.run, args=(stop,), name="repairs", daemon=True)
-    repairs.start()
+    repairs = threads.start("repairs", executor.run, stop)
     log.info(
         "gpuguard agent publishing %s conditions for node %s; kernel log: %s",
         config.condition_profile,

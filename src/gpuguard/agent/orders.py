@@ -11,10 +11,12 @@ fresh report within seconds.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from gpuguard import threads
 from gpuguard.agent.check_loops import CheckLoops
 from gpuguard.agent.deep import DeepSchedule
 from gpuguard.agent.node_state import NodeState
@@ -56,14 +58,10 @@ class Orders:
     def watch_verify_requests(self, api: NodeApi, stop: threading.Event) -> threading.Thread:
         """A daemon thread handing each verify request to the deep schedule until ``stop``
         (and ``api.end_watches(stop)``)."""
-        thread = threading.Thread(
-            target=follow_verify_requests,
-            args=(api, self._node_name, self._deep.request_verify, stop),
-            name="verify-requests",
-            daemon=True,
+        follow = functools.partial(
+            follow_verify_requests, api, self._node_name, self._deep.request_verify
         )
-        thread.start()
-        return thread
+        return threads.start("verify-requests", follow, stop)
 
     def repairs(self, api: KubeApi, backend: RepairBackend) -> RepairExecutor:
         """The executor of this node's repair requests, wired to :meth:`after_repair`."""

@@ -25,10 +25,11 @@ import logging
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from gpuguard import logs
+from gpuguard import logs, threads
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.remediation import MAX_ID, Started
 from gpuguard.contract.times import format_time
@@ -148,11 +149,8 @@ class RepairExecutor:
 
     def run(self, stop: threading.Event) -> None:
         wake = threading.Event()  # a change to this node's NodeRemediations, or the stop
-        follower = threading.Thread(
-            target=self._follow, args=(stop, wake), name="repair-requests", daemon=True
-        )
-        follower.start()
-        threading.Thread(target=self._wake_on_stop, args=(stop, wake), daemon=True).start()
+        follower = threads.start("repair-requests", partial(self._follow, wake=wake), stop)
+        threads.start("repair-wake-on-stop", partial(self._wake_on_stop, wake=wake), stop)
         while not stop.is_set():
             wake.clear()
             try:
@@ -168,12 +166,12 @@ class RepairExecutor:
             wake.wait(self.resync_s if rare else self.poll_s)
         follower.join(WATCH_JOIN_S)
 
-    def _wake_on_stop(self, stop: threading.Event, wake: threading.Event) -> None:
+    def _wake_on_stop(self, stop: threading.Event, *, wake: threading.Event) -> None:
         stop.wait()
         self.api.end_watches(stop)
         wake.set()
 
-    def _follow(self, stop: threading.Event, wake: threading.Event) -> None:
+    def _follow(self, stop: threading.Event, *, wake: threading.Event) -> None:
         """Wake the executor on every change to this node's NodeRemediations."""
         version = ""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -33,6 +33,13 @@ Kind = DecisionKind
 # Re-sent on every pass until done (idempotent): logged at DEBUG, or a pass would log them
 # all again; the step and Event of the phase change that began them say it once.
 RESENT = frozenset({Kind.EVICT_PODS, Kind.REQUEST_ACTION, Kind.REQUEST_VERIFY, Kind.REPLACE})
+# The decisions that write the Node itself (taint, cordon and their undoing).
+_NODE_WRITES: dict[Kind, Callable[[KubeApi, Json], object]] = {
+    Kind.TAINT: fleet.taint,
+    Kind.UNTAINT: fleet.untaint,
+    Kind.CORDON: fleet.cordon,
+    Kind.UNCORDON: fleet.uncordon,
+}
 
 
 class Applier:
@@ -135,6 +142,15 @@ class Applier:
             )
         return True
 
+    def _evict(self, decision: Decision) -> None:
+        pods = drain.evictable_pods(drain.pods_on_node(self.api, decision.node), decision.gpus)
+        counts = drain.evict_pods(self.api, pods)
+        self._count_evictions(counts)
+        if counts.blocked and not counts.failed:
+            self.drains_blocked.add(decision.node)
+        else:
+            self.drains_blocked.discard(decision.node)
+
     def _apply(
         self,
         decision: Decision,
@@ -151,37 +167,19 @@ class Applier:
         if self.dry_run:
             return  # logged as done, "dry-run: " first
         node = nodes.get(decision.node)
+        write = _NODE_WRITES.get(decision.kind)
+        if write is not None:
+            if node is not None:
+                write(self.api, node)
+            return
         match decision.kind:
-            case Kind.TAINT:
-                if node is not None:
-                    fleet.taint(self.api, node)
-            case Kind.UNTAINT:
-                if node is not None:
-                    fleet.untaint(self.api, node)
-            case Kind.CORDON:
-                if node is not None:
-                    fleet.cordon(self.api, node)
-            case Kind.UNCORDON:
-                if node is not None:
-                    fleet.uncordon(self.api, node)
             case Kind.EVICT_PODS:
-                pods = drain.evictable_pods(
-                    drain.pods_on_node(self.api, decision.node), decision.gpus
-                )
-                counts = drain.evict_pods(self.api, pods)
-                self._count_evictions(counts)
-                if counts.blocked and not counts.failed:
-                    self.drains_blocked.add(decision.node)
-                else:
-                    self.drains_blocked.discard(decision.node)
+                self._evict(decision)
             case Kind.KILL_PODS:
                 on_node = drain.pods_on_node(self.api, decision.node)
-                pods = [
-                    p
-                    for p in drain.evictable_pods(on_node, decision.gpus)
-                    if drain.requests_gpus(p)
-                ]
-                drain.kill_pods(self.api, pods, decision.reason, now=now)
+                pods = drain.evictable_pods(on_node, decision.gpus)
+                gpu_pods = [p for p in pods if drain.requests_gpus(p)]
+                drain.kill_pods(self.api, gpu_pods, decision.reason, now=now)
             case Kind.REQUEST_ACTION:
                 if episode is not None and decision.action is not None:
                     version = set_request(

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpuguard.contract.conditions import TRUE
 from gpuguard.contract.remediation import Resolution
 from gpuguard.metrics_server import Probes
-from gpuguard.remediation.model import Episode, Phase, Plan
+from gpuguard.remediation.model import DecisionKind, Episode, NodeObservation, Phase, Plan
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60, 300, 900, 3600, 14400)
 
@@ -20,6 +21,11 @@ class ControllerMetrics(Probes):
     def __init__(self) -> None:
         super().__init__()
         self.registry = CollectorRegistry()
+        self._add_episodes()
+        self._add_readings()
+        self._add_workloads()
+
+    def _add_episodes(self) -> None:
         self.nodes_by_phase = Gauge(
             "gpuguard_controller_nodes",
             "Nodes with an open episode, by phase",
@@ -74,6 +80,9 @@ class ControllerMetrics(Probes):
             "1 while the fleet circuit breaker is open",
             registry=self.registry,
         )
+
+    def _add_readings(self) -> None:
+        """What could not be read, and what the nodes' reports and labels leave open."""
         self.unreadable = Counter(
             "gpuguard_controller_unreadable_objects_total",
             "Objects read from the cluster that gpuguard could not read, by kind "
@@ -112,6 +121,9 @@ class ControllerMetrics(Probes):
             ["position", "node"],
             registry=self.registry,
         )
+
+    def _add_workloads(self) -> None:
+        """Crash attribution, and the loop's own."""
         self.pod_failures = Counter(
             "gpuguard_controller_pod_failures_total",
             "Failed training pods judged: whether the infrastructure ended them (then not "
@@ -138,6 +150,25 @@ class ControllerMetrics(Probes):
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+
+    def observe_pass(
+        self, plan: Plan, observations: Mapping[str, NodeObservation], started: float, ended: float
+    ) -> None:
+        """A pass's plan, the latency of its taints and of its closed episodes, its time."""
+        self.observe_plan(plan, {n: o.pool for n, o in observations.items()})
+        for decision in plan.decisions:
+            observed = observations.get(decision.node)
+            if decision.kind is DecisionKind.TAINT and observed is not None:
+                bad = [lay.since for lay in observed.layers.values() if lay.status != TRUE]
+                if bad:
+                    self.to_quarantine.observe(max(0.0, ended - min(bad)))
+            if decision.kind is DecisionKind.RECORD:
+                episode = plan.episodes.get(decision.node)
+                if episode is not None and episode.phase is Phase.CLOSED:
+                    self.to_close.labels(str(episode.resolution)).observe(
+                        max(0.0, started - episode.opened_at)
+                    )
+        self.reconcile.observe(ended - started)
 
     def observe_plan(self, plan: Plan, pools: Mapping[str, str]) -> None:
         open_episodes = [e for e in plan.episodes.values() if e.phase is not Phase.CLOSED]

@@ -4,11 +4,13 @@ skipped (it never ends the watch); a broken watch resumes from the last version 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from gpuguard import threads
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.kube.rest import Json, KubeApi, WatchEvent
 from gpuguard.kube.watch import Snapshot, keep_watching, list_then_watch
@@ -33,24 +35,21 @@ def start(
     metrics: ControllerMetrics,
     retry_s: float,
 ) -> list[threading.Thread]:
-    threads = [
-        threading.Thread(
-            target=follow,
-            args=(api, one, stop, metrics, retry_s),
-            name=f"watch-{one.what}",
-            daemon=True,
+    return [
+        threads.start(
+            f"watch-{one.what}",
+            functools.partial(follow, api, one, metrics=metrics, retry_s=retry_s),
+            stop,
         )
         for one in watched
     ]
-    for thread in threads:
-        thread.start()
-    return threads
 
 
 def follow(
     api: KubeApi,
     watched: Watched,
     stop: threading.Event,
+    *,
     metrics: ControllerMetrics,
     retry_s: float,
 ) -> None:

@@ -15,6 +15,8 @@ import struct
 import threading
 from pathlib import Path
 
+from gpuguard import threads
+
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
 IN_DELETE_SELF, IN_MOVE_SELF, IN_Q_OVERFLOW, IN_IGNORED = 0x400, 0x800, 0x4000, 0x8000
@@ -51,8 +53,7 @@ class DirectoryWatch:
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
         self._lock = threading.Lock()  # no write to the pipe once its numbers are freed
-        self._stopper = threading.Thread(target=self._wake_on, args=(stop,), daemon=True)
-        self._stopper.start()
+        self._stopper = threads.start("inotify-wake-on-stop", self._wake_on, stop)
 
     @classmethod
     def open(cls, path: Path, stop: threading.Event) -> DirectoryWatch | None:

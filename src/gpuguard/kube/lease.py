@@ -17,11 +17,13 @@ a candidate takes it on its next try.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 from collections.abc import Callable
 
+from gpuguard import threads
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.times import format_micro_time
 from gpuguard.errors import ConfigError
@@ -209,12 +211,10 @@ def start_leader_election(
     on_stopped_leading: Callable[[], None],
 ) -> threading.Thread:
     """:func:`run_leader_election` on a daemon thread."""
-    thread = threading.Thread(
-        target=run_leader_election,
-        args=(elector, stop),
-        kwargs={"on_started_leading": on_started_leading, "on_stopped_leading": on_stopped_leading},
-        name=f"leader-election-{elector.identity}",
-        daemon=True,
+    run = functools.partial(
+        run_leader_election,
+        elector,
+        on_started_leading=on_started_leading,
+        on_stopped_leading=on_stopped_leading,
     )
-    thread.start()
-    return thread
+    return threads.start(f"leader-election-{elector.identity}", run, stop)
