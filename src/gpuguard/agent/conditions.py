@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gpuguard.contract.conditions import OWNED_TYPES, Desired
 
@@ -18,7 +17,7 @@ from gpuguard.contract.conditions import OWNED_TYPES, Desired
 class ConditionWrite:
     """The conditions to write now, the types to remove, and the status transitions."""
 
-    conditions: list[dict[str, Any]]
+    conditions: list[dict[str, object]]
     remove: list[str]
     transitions: list[tuple[Desired, str | None]]  # (new, old status or None)
 
@@ -29,7 +28,7 @@ class ConditionWrite:
 
 def plan_write(
     desired: list[Desired],
-    current: Mapping[str, Mapping[str, Any]],
+    current: Mapping[str, Mapping[str, object]],
     now: str,
     *,
     heartbeat_due: bool,
@@ -39,11 +38,12 @@ def plan_write(
     A condition is written when its status, reason or message changed, or when the
     heartbeat is due. ``lastTransitionTime`` is kept unless the status changed.
     """
-    conditions = []
+    conditions: list[dict[str, object]] = []
     transitions: list[tuple[Desired, str | None]] = []
     for want in desired:
         have = current.get(want.type)
-        old_status = have.get("status") if have else None
+        status = have.get("status") if have else None
+        old_status = status if isinstance(status, str) else None
         changed = have is None or (old_status, have.get("reason"), have.get("message")) != (
             want.status,
             want.reason,

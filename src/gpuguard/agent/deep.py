@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Protocol
 
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.checks.base import Check, CheckContext
@@ -51,7 +51,30 @@ class Idleness:
     why: str = ""
 
 
-def read_idleness(nvml: Any, busy_percent: float) -> Idleness:
+class _Utilization(Protocol):
+    @property
+    def gpu(self) -> int: ...  # percent of the last sample period a kernel ran
+
+
+class NvmlActivity(Protocol):
+    """The part of pynvml that tells whether the GPUs are busy."""
+
+    NVMLError: type[Exception]
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlShutdown(self) -> None: ...
+
+    def nvmlDeviceGetCount(self) -> int: ...
+
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object: ...
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object, /) -> Sized: ...
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object, /) -> _Utilization: ...
+
+
+def read_idleness(nvml: NvmlActivity | None, busy_percent: float) -> Idleness:
     """Idle means no compute process on any GPU and each at most ``busy_percent`` busy."""
     if nvml is None:
         return Idleness(Activity.UNKNOWN, "pynvml is not installed: GPU activity unknown")

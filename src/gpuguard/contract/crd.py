@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
+from pydantic import JsonValue
 
 from gpuguard.contract.keys import GROUP
 from gpuguard.contract.remediation import KIND, PLURAL, VERSION, NodeRemediation
@@ -47,11 +47,14 @@ _ORDER = (
 )
 
 
-def column(name: str, kind: str, path: str, **extra: Any) -> dict[str, Any]:
+Schema = dict[str, JsonValue]  # a JSON object: a (sub)schema, or the whole CRD
+
+
+def column(name: str, kind: str, path: str, **extra: JsonValue) -> Schema:
     return {"name": name, "type": kind, **extra, "jsonPath": path}
 
 
-def crd() -> dict[str, Any]:
+def crd() -> Schema:
     """The CustomResourceDefinition, as the API server takes it."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -92,44 +95,57 @@ def crd() -> dict[str, Any]:
     }
 
 
-def structural(model: type[NodeRemediation]) -> dict[str, Any]:
+def structural(model: type[NodeRemediation]) -> Schema:
     """The model's JSON schema as a Kubernetes structural schema."""
     schema = model.model_json_schema(by_alias=True)
-    definitions = schema.pop("$defs", {})
+    definitions = _object(schema.pop("$defs", {}))
     return _rewrite(schema, definitions)
 
 
-def _rewrite(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+def _rewrite(node: Schema, definitions: Schema) -> Schema:
     node = dict(node)
     if "$ref" in node:  # a model or enum: its schema, the field's own keys on top
-        target = definitions[node.pop("$ref").rpartition("/")[2]]
-        node = {**_without(target, "description"), **node}
+        target = definitions[str(node.pop("$ref")).rpartition("/")[2]]
+        node = {**_without(_object(target), "description"), **node}
     if "anyOf" in node:  # ``X | None``: the null only says "may be absent"
-        choices = [choice for choice in node.pop("anyOf") if choice != {"type": "null"}]
+        choices = [choice for choice in _array(node.pop("anyOf")) if choice != {"type": "null"}]
         if len(choices) != 1:
             raise ValueError(f"no structural schema for a union of {choices}")
-        node = {**choices[0], **node}
+        node = {**_object(choices[0]), **node}
         return _rewrite(node, definitions)
     node = _without(node, *_DROPPED)
     if "properties" in node:
         node["properties"] = {
-            name: _rewrite(field, definitions) for name, field in node["properties"].items()
+            name: _rewrite(_object(field), definitions)
+            for name, field in _object(node["properties"]).items()
         }
     if "x-kubernetes-validations" in node:  # pydantic sorts their keys: the rule first
-        node["x-kubernetes-validations"] = [
-            {"rule": rule["rule"], **rule} for rule in node["x-kubernetes-validations"]
-        ]
+        rules = [_object(rule) for rule in _array(node["x-kubernetes-validations"])]
+        node["x-kubernetes-validations"] = [{"rule": rule["rule"], **rule} for rule in rules]
     for key in ("items", "additionalProperties"):
-        if isinstance(node.get(key), dict):
-            node[key] = _rewrite(node[key], definitions)
+        value = node.get(key)
+        if isinstance(value, dict):
+            node[key] = _rewrite(value, definitions)
     return _ordered(node)
 
 
-def _without(node: dict[str, Any], *keys: str) -> dict[str, Any]:
+def _object(value: JsonValue) -> Schema:
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON object expected in the schema, not {value!r}")
+    return value
+
+
+def _array(value: JsonValue) -> list[JsonValue]:
+    if not isinstance(value, list):
+        raise ValueError(f"a JSON array expected in the schema, not {value!r}")
+    return value
+
+
+def _without(node: Schema, *keys: str) -> Schema:
     return {key: value for key, value in node.items() if key not in keys}
 
 
-def _ordered(node: dict[str, Any]) -> dict[str, Any]:
+def _ordered(node: Schema) -> Schema:
     # A fixed key order keeps the generated file's diffs readable.
     unknown = set(node) - set(_ORDER)
     if unknown:
@@ -145,12 +161,12 @@ class _Dumper(yaml.SafeDumper):
         super().increase_indent(flow, False)
 
 
-def _list(dumper: yaml.SafeDumper, items: list[Any]) -> yaml.Node:
+def _list(dumper: yaml.SafeDumper, items: list[object]) -> yaml.Node:
     plain = all(not isinstance(item, dict | list) for item in items)
     return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=plain)
 
 
-def _mapping(dumper: yaml.SafeDumper, mapping: dict[str, Any]) -> yaml.Node:
+def _mapping(dumper: yaml.SafeDumper, mapping: dict[str, object]) -> yaml.Node:
     return dumper.represent_mapping("tag:yaml.org,2002:map", mapping, flow_style=False)
 
 

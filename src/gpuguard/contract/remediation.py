@@ -9,8 +9,9 @@ part of the wire (the schema's enums); the remediation policy uses the same ones
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, WithJsonSchema
 
@@ -123,7 +124,7 @@ class Step(Wire):
     """One line of the episode's history."""
 
     at: Time
-    # Any string to the API server, as it always was; code reads only phases.
+    # The schema lets in every string, as it always did; code reads only phases.
     phase: Annotated[Phase, WithJsonSchema({"type": "string"})]
     message: Message
 
@@ -254,36 +255,42 @@ class NodeRemediation(Wire):
 
     api_version: str = GROUP_VERSION
     kind: str = KIND
-    metadata: Annotated[dict[str, Any], WithJsonSchema({"type": "object"})] = Field(
+    metadata: Annotated[dict[str, object], WithJsonSchema({"type": "object"})] = Field(
         default_factory=dict
     )
     spec: Spec
     status: Status = Field(default_factory=Status)
 
 
-def name_of(obj: dict[str, Any]) -> str:
+def name_of(obj: Mapping[str, object]) -> str:
     """The object's name as errors and logs give it: ``NodeRemediation/<name>``."""
-    return f"{KIND}/{(obj.get('metadata') or {}).get('name', '')}"
+    return f"{KIND}/{_part(obj, 'metadata', 'name') or ''}"
 
 
-def read_remediation(obj: dict[str, Any]) -> NodeRemediation:
+def read_remediation(obj: Mapping[str, object]) -> NodeRemediation:
     """A NodeRemediation from the cluster, or a ``ContractError`` naming it and the field."""
     return read(NodeRemediation, obj, obj=name_of(obj), at="")
 
 
-def request_of(obj: dict[str, Any]) -> Request | None:
+def request_of(obj: Mapping[str, object]) -> Request | None:
     """The object's ``status.request`` (the controller's order), if it has one."""
-    wire = (obj.get("status") or {}).get("request")
+    wire = _part(obj, "status", "request")
     return read(Request, wire, obj=name_of(obj), at="status.request") if wire else None
 
 
-def result_of(obj: dict[str, Any]) -> Result | None:
+def result_of(obj: Mapping[str, object]) -> Result | None:
     """The object's ``status.result`` (the agent's answer), if it has one."""
-    wire = (obj.get("status") or {}).get("result")
+    wire = _part(obj, "status", "result")
     return read(Result, wire, obj=name_of(obj), at="status.result") if wire else None
 
 
-def started_of(obj: dict[str, Any]) -> Started | None:
+def started_of(obj: Mapping[str, object]) -> Started | None:
     """The object's ``status.started`` (the agent's mark that it began), if it has one."""
-    wire = (obj.get("status") or {}).get("started")
+    wire = _part(obj, "status", "started")
     return read(Started, wire, obj=name_of(obj), at="status.started") if wire else None
+
+
+def _part(obj: Mapping[str, object], section: str, key: str) -> object:
+    """``obj[section][key]`` as the cluster sent it; None when either is absent."""
+    found = obj.get(section)
+    return found.get(key) if isinstance(found, Mapping) else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
@@ -113,13 +113,13 @@ def layer_reports(report: NodeReport, profile: str, since: float = 0.0) -> dict[
 
 
 def read_layers(
-    conditions: Iterable[Mapping[str, Any]], document: ReportDocument | None
+    conditions: Iterable[Mapping[str, object]], document: ReportDocument | None
 ) -> dict[str, LayerReport]:
     """The layers of a Node from its conditions and its report annotation."""
     entries = document.layers if document is not None else {}
     layers = {}
     for condition in conditions:
-        layer = LAYER_OF_TYPE.get(condition.get("type", ""))
+        layer = LAYER_OF_TYPE.get(str(condition.get("type", "")))
         if layer is None:
             continue
         layers[layer] = _layer_report(

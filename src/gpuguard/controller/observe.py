@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpuguard.contract.conditions import FALSE, KARPENTER_REPAIRS
 from gpuguard.contract.errors import ContractError
@@ -29,6 +28,7 @@ from gpuguard.contract.remediation import MAX_POSITION
 from gpuguard.contract.report import ReportDocument, decode_report, read_layers, reported_at
 from gpuguard.contract.times import parse_time
 from gpuguard.contract.verify import VerifyAnswer, read_request
+from gpuguard.kube.rest import Json
 from gpuguard.remediation.health import as_policy_reads
 from gpuguard.remediation.model import NodeObservation
 
@@ -58,7 +58,7 @@ class PositionReading:
 
 
 def read_position(
-    labels: Mapping[str, Any], label_sets: Sequence[Sequence[str]]
+    labels: Mapping[str, str], label_sets: Sequence[Sequence[str]]
 ) -> PositionReading:
     """The first label set whose labels are all present (an empty value is absent) names
     the position, as ``label=value`` pairs in the set's order. None complete: unknown, and
@@ -83,7 +83,7 @@ def read_position(
 
 
 def project_node(
-    node: Mapping[str, Any],
+    node: Json,
     pool_label: str,
     domain_label: str = "",
     position: str = "",
@@ -134,7 +134,7 @@ def _mark(value: object) -> str:
     return str(value).strip()[:MAX_MARK] or "(no ticket)"
 
 
-def _machine(labels: Mapping[str, Any]) -> str:
+def _machine(labels: Mapping[str, str]) -> str:
     pool, kind = labels.get(NODEPOOL_LABEL), labels.get(INSTANCE_TYPE_LABEL)
     return f"{pool}/{kind}" if pool and kind else ""
 

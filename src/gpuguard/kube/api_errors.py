@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from gpuguard.kube.errors import KubeError, KubeRejected, KubeUnavailable
 
@@ -51,11 +50,11 @@ class KubeServerError(KubeStatusError, KubeUnavailable):
     """5xx: the server failed; retry later."""
 
 
-def error_for(code: int, status: Mapping[str, Any]) -> KubeStatusError:
+def error_for(code: int, status: Mapping[str, object]) -> KubeStatusError:
     """The error for an HTTP status and the ``Status`` object the server sent with it."""
     reason = str(status.get("reason") or "")
     detail = f"{code} {reason or 'Error'}: {status.get('message') or ''}".rstrip(": ")
-    retry = (status.get("details") or {}).get("retryAfterSeconds")
+    retry = _retry_after_s(status.get("details"))
     kind: type[KubeStatusError]
     if code == 404:
         kind = KubeNotFound
@@ -70,6 +69,14 @@ def error_for(code: int, status: Mapping[str, Any]) -> KubeStatusError:
     else:
         kind = KubeRefused
     return kind(detail, code=code, reason=reason, retry_after_s=retry)
+
+
+def _retry_after_s(details: object) -> float | None:
+    """``details.retryAfterSeconds`` (an integer on the wire), when the server sent one."""
+    if not isinstance(details, Mapping):
+        return None
+    seconds = details.get("retryAfterSeconds")
+    return seconds if isinstance(seconds, int | float) else None
 
 
 def status_error(code: int, content: bytes) -> KubeStatusError:

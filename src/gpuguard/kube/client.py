@@ -9,8 +9,7 @@ project has one way to talk to the API server; errors arrive as
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.times import format_micro_time
@@ -82,7 +81,7 @@ class NodeApi:
         self._api.end_watches(stop)
 
     def patch_conditions(
-        self, name: str, conditions: list[dict[str, Any]], remove: list[str]
+        self, name: str, conditions: Sequence[Mapping[str, object]], remove: Sequence[str]
     ) -> None:
         """Set the given conditions and delete the listed types, leaving all others alone
         (``fleet.patch_conditions``)."""

@@ -84,7 +84,7 @@ def is_finished(pod: Json) -> bool:
 
 
 def requests_gpus(pod: Json) -> bool:
-    """Any container asks for ``nvidia.com/gpu`` (or a MIG slice) in requests or limits."""
+    """Some container asks for ``nvidia.com/gpu`` (or a MIG slice) in requests or limits."""
     spec = pod.get("spec") or {}
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         resources = container.get("resources") or {}

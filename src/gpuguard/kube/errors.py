@@ -6,7 +6,6 @@ Kept apart from the client so that code handling them does not import the client
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gpuguard.errors import GpuguardError
 
@@ -33,5 +32,5 @@ class NodeView:
 
     name: str
     uid: str
-    conditions: dict[str, dict[str, Any]]
+    conditions: dict[str, dict[str, object]]  # by type, each as the API server wrote it
     annotations: dict[str, str]

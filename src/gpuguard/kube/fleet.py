@@ -12,8 +12,7 @@ the node is already in writes nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
@@ -62,13 +61,13 @@ class _Metadata(msgspec.Struct, omit_defaults=True):
 
 
 class _Spec(msgspec.Struct, omit_defaults=True):
-    taints: list[dict[str, Any]] = []
+    taints: list[Json] = []
     unschedulable: bool = False
     providerID: str = ""
 
 
 class _Status(msgspec.Struct):
-    conditions: list[dict[str, Any]] = []
+    conditions: list[Json] = []
 
 
 class _SlimNode(msgspec.Struct):
@@ -79,7 +78,7 @@ class _SlimNode(msgspec.Struct):
 
 class _NodePage(msgspec.Struct):
     items: list[_SlimNode] = []
-    metadata: dict[str, Any] = {}
+    metadata: Json = {}
 
 
 _NODE_PAGE = msgspec.json.Decoder(_NodePage)
@@ -129,7 +128,7 @@ def taint(api: KubeApi, node: Json, *, value: str = "") -> Json:
         ours["value"] = value
     if not is_tainted(node) and (node.get("metadata") or {}).get("resourceVersion"):
         cached = taints_of(node)
-        ops = (
+        ops: list[Json] = (
             [
                 {"op": "test", "path": "/spec/taints", "value": cached},
                 {"op": "add", "path": "/spec/taints/-", "value": ours},
@@ -194,7 +193,7 @@ def uncordon(api: KubeApi, node: Json) -> Json:
 
 
 def patch_conditions(
-    api: KubeApi, name: str, conditions: Sequence[Json], remove: Sequence[str] = ()
+    api: KubeApi, name: str, conditions: Sequence[Mapping[str, object]], remove: Sequence[str] = ()
 ) -> None:
     """Set ``conditions`` and delete the ``remove`` types on the Node, leaving all others
     alone: a strategic merge patch keyed by condition type, so the kubelet's own
@@ -226,7 +225,7 @@ def _update(api: KubeApi, node: Json, change: Callable[[Json], Json | None]) -> 
             patch = change(current)
         if patch is None:
             return current
-        metadata: dict[str, Any] = patch.setdefault("metadata", {})
+        metadata: Json = patch.setdefault("metadata", {})
         metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
         return slim_node(api.patch(NODES.path(node_name(current)), patch))
 

@@ -68,7 +68,10 @@ __all__ = [  # the errors are re-exported: callers import everything from here
 
 log = logging.getLogger(__name__)
 
+# A decoded JSON object as the API server sends it: the one place JSON is untyped.
 Json = dict[str, Any]
+# A merge or strategic merge patch is an object; a JSON patch is a list of operations.
+PatchBody = Json | list[Json]
 PatchKind = Literal["merge", "strategic", "json"]
 REQUEST_TIMEOUT_S = 10.0
 LIST_PAGE_SIZE = 500
@@ -226,7 +229,7 @@ class KubeApi:
         """PUT; a ``metadata.resourceVersion`` in ``body`` makes it conditional (409)."""
         return self._call("PUT", path, body=body)
 
-    def patch(self, path: str, body: Any, kind: PatchKind = "merge") -> Json:
+    def patch(self, path: str, body: PatchBody, kind: PatchKind = "merge") -> Json:
         """PATCH; a merge patch carrying ``metadata.resourceVersion`` is conditional (409)."""
         return self._call("PATCH", path, body=body, content_type=_PATCH_TYPES[kind])
 
@@ -330,7 +333,7 @@ class KubeApi:
         path: str,
         *,
         params: Mapping[str, str] | None = None,
-        body: Any = None,
+        body: PatchBody | None = None,
         content_type: str = "application/json",
         decode: Callable[[bytes], Json] | None = None,
         timeout_s: float | None = None,
