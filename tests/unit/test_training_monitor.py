@@ -189,6 +189,26 @@ def test_an_exchange_that_fails_turns_the_monitor_off_not_the_job(tmp_path, env,
     assert "in-job monitor of rank 0 off" in caplog.text
 
 
+class Garbling(ScriptedPeers):
+    """Rank 5 sends a row that is not the record every rank sends."""
+
+    def all_gather(self, item):
+        table = super().all_gather(item)
+        table[5] = [1, "two"] if len(item) != 3 else [item[0], item[1], "prints"]
+        return table
+
+
+@pytest.mark.parametrize("round_kind", ["window", "fingerprint"])
+def test_a_peer_row_that_is_not_a_record_turns_the_monitor_off(tmp_path, env, round_kind):
+    monitor = JobMonitor(rank=0, world_size=WORLD, exchange=Garbling(), verdict_dir=tmp_path)
+    if round_kind == "window":
+        run_steps(monitor, range(0, monitor.window_steps))
+    else:
+        assert monitor.check_replicas(50, [[1.0]]) == []
+    assert monitor.disabled and "rank 5 sent" in monitor.disabled
+    assert monitor.verdict is None
+
+
 def test_rank_and_world_size_come_from_the_environment(monkeypatch, env):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")

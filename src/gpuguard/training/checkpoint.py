@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from gpuguard.errors import GpuguardError
 from gpuguard.training.contract import CHECKPOINT_DIR_ENV
@@ -45,12 +45,24 @@ class CheckpointError(GpuguardError):
     """A checkpoint could not be saved, or the checkpoints present cannot be read here."""
 
 
+class Manifest(TypedDict):
+    """A checkpoint's manifest file, in the `MANIFEST_FORMAT`."""
+
+    format: str
+    step: int
+    payload: str  # the payload file's name, in the same directory
+    serializer: str
+    bytes: int
+    sha256: str
+    saved_at: NotRequired[str]  # ISO 8601, UTC; for people: not read back
+
+
 @dataclass(frozen=True)
 class Restored:
     """The checkpoint `Checkpointer.restore` found: resume after ``step``."""
 
     step: int
-    state: Any
+    state: object
     manifest: Path
 
 
@@ -93,7 +105,7 @@ class Checkpointer:
         self._failure: tuple[int, BaseException] | None = None
         self._unreadable: set[int] = set()
 
-    def save(self, step: int, state: Any, *, blocking: bool | None = None) -> None:
+    def save(self, step: int, state: object, *, blocking: bool | None = None) -> None:
         """Save ``state`` as checkpoint ``step``.
 
         Asynchronous (when the checkpointer is, and ``blocking`` is not True): returns
@@ -159,7 +171,7 @@ class Checkpointer:
         except CheckpointError as failure:  # the exception already leaving wins; log this one
             log.error("%s", failure)
 
-    def restore(self, map_location: Any = "cpu") -> Restored | None:
+    def restore(self, map_location: object = "cpu") -> Restored | None:
         """The newest checkpoint that verifies and loads, or None when there is none.
 
         ``map_location`` is passed to ``torch.load`` (tensors come back on the CPU by
@@ -202,7 +214,7 @@ class Checkpointer:
     def _write(self, step: int, prepared: Prepared) -> None:
         payload = f"step-{step:012d}.{os.urandom(4).hex()}.{_EXTENSION[prepared.serializer]}"
         size, sha256 = write_atomically(self.directory, payload, lambda out: dump(prepared, out))
-        manifest = {
+        manifest: Manifest = {
             "format": MANIFEST_FORMAT,
             "step": step,
             "payload": payload,
@@ -245,14 +257,15 @@ class Checkpointer:
     def _manifest_path(self, step: int) -> Path:
         return self.directory / f"step-{step:012d}.json"
 
-    def _read_manifest(self, step: int) -> dict[str, Any]:
+    def _read_manifest(self, step: int) -> Manifest:
         """The manifest of ``step``; ValueError naming what is wrong with it."""
         try:
-            manifest = json.loads(self._manifest_path(step).read_bytes())
+            document: object = json.loads(self._manifest_path(step).read_bytes())
         except json.JSONDecodeError as exc:
             raise ValueError(f"manifest is not valid JSON ({exc})") from None
-        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"manifest is not in the {MANIFEST_FORMAT} format")
+        manifest: dict[object, object] = document
         problems = []
         if manifest.get("step") != step:
             problems.append("its step does not match the file name")
@@ -260,7 +273,8 @@ class Checkpointer:
         match = _PAYLOAD_NAME.fullmatch(payload) if isinstance(payload, str) else None
         if match is None or int(match[1]) != step:
             problems.append("payload does not name a payload file of this step")
-        if manifest.get("serializer") not in _EXTENSION:
+        serializer = manifest.get("serializer")
+        if serializer not in _EXTENSION:
             problems.append("serializer is unknown")
         size = manifest.get("bytes")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -270,4 +284,14 @@ class Checkpointer:
             problems.append("sha256 is not a SHA-256 digest")
         if problems:
             raise ValueError("manifest: " + "; ".join(problems))
-        return manifest
+        # What the checks above found, told to the type checker.
+        assert isinstance(payload, str) and isinstance(serializer, str)
+        assert isinstance(size, int) and isinstance(sha256, str)
+        return Manifest(
+            format=MANIFEST_FORMAT,
+            step=step,
+            payload=payload,
+            serializer=serializer,
+            bytes=size,
+            sha256=sha256,
+        )

@@ -1,7 +1,8 @@
 """All-gather of one small record per rank: the only collective the in-job monitor needs.
 
 Every rank passes its item (JSON-able: numbers, strings, lists) and gets back the list of
-all ranks' items, indexed by rank; every rank calls it at the same points of the job.
+all ranks' items, indexed by rank; every rank calls it at the same points of the job. The
+exchange does not look into the items (typed `object`): the caller checks what it gets.
 
 - `TorchExchange`: ``torch.distributed.all_gather_object`` on a gloo group of its own,
   when the job has initialised ``torch.distributed`` (any backend, any number of nodes).
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Protocol, TypeGuard
 
 EXCHANGE_PORT_ENV = "GPUGUARD_EXCHANGE_PORT"
 """The loopback port rank 0 listens on when ``torch.distributed`` is not initialised."""
@@ -38,7 +39,7 @@ class ExchangeError(RuntimeError):
 
 
 class Exchange(Protocol):
-    def all_gather(self, item: Any) -> list[Any]: ...
+    def all_gather(self, item: object) -> list[object]: ...
 
     def close(self) -> None: ...
 
@@ -46,7 +47,7 @@ class Exchange(Protocol):
 class SoloExchange:
     """A job of one rank has no one to exchange with."""
 
-    def all_gather(self, item: Any) -> list[Any]:
+    def all_gather(self, item: object) -> list[object]:
         return [item]
 
     def close(self) -> None:
@@ -56,17 +57,18 @@ class SoloExchange:
 class TorchExchange:
     """``group`` defaults to a new gloo group of all ranks (creating it is a collective:
     every rank constructs the exchange at the same point): the monitor's gathers then run
-    on the CPU, apart from the job's own NCCL collectives, and may run on another thread."""
+    on the CPU, apart from the job's own NCCL collectives, and may run on another thread.
+    A ``group`` given is only handed back to ``torch.distributed``: opaque here."""
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: object = None) -> None:
         import torch.distributed as dist
 
         self._dist = dist
         self._group = group if group is not None else dist.new_group(backend="gloo")
         self._size = dist.get_world_size(self._group)
 
-    def all_gather(self, item: Any) -> list[Any]:
-        gathered: list[Any] = [None] * self._size
+    def all_gather(self, item: object) -> list[object]:
+        gathered: list[object] = [None] * self._size
         self._dist.all_gather_object(gathered, item, group=self._group)
         return gathered
 
@@ -84,17 +86,19 @@ class BackgroundExchange:
     def __init__(self, inner: Exchange, *, close_timeout_s: float = 10.0) -> None:
         self._inner = inner
         self._close_timeout_s = close_timeout_s
-        self._queue: queue.SimpleQueue[tuple[Any, Future[list[Any]]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[object, Future[list[object]]] | None] = (
+            queue.SimpleQueue()
+        )
         # A daemon: a peer that never answers must not keep the interpreter from exiting.
         self._worker = threading.Thread(target=self._run, name="gpuguard-exchange", daemon=True)
         self._worker.start()
 
-    def submit(self, item: Any) -> Future[list[Any]]:
-        future: Future[list[Any]] = Future()
+    def submit(self, item: object) -> Future[list[object]]:
+        future: Future[list[object]] = Future()
         self._queue.put((item, future))
         return future
 
-    def all_gather(self, item: Any) -> list[Any]:
+    def all_gather(self, item: object) -> list[object]:
         return self.submit(item).result()
 
     def _run(self) -> None:
@@ -145,25 +149,25 @@ class LoopbackExchange:
         assert self._server is not None
         return int(self._server.getsockname()[1])
 
-    def all_gather(self, item: Any) -> list[Any]:
+    def all_gather(self, item: object) -> list[object]:
         self._round += 1
         try:
             if self._upstream is not None:
                 _send(self._upstream, [self._round, item])
                 answer = _receive(self._upstream, self.timeout_s)
-                if not isinstance(answer, list) or len(answer) != 2 or answer[0] != self._round:
+                if not _is_round(answer, self._round) or not isinstance(answer[1], list):
                     raise ExchangeError(f"rank {self.rank}: out-of-order answer from rank 0")
                 return list(answer[1])
             return self._serve(item)
         except OSError as exc:
             raise ExchangeError(f"rank {self.rank}, round {self._round}: {exc}") from exc
 
-    def _serve(self, item: Any) -> list[Any]:
+    def _serve(self, item: object) -> list[object]:
         self._accept_peers()
-        table: list[Any] = [item] + [None] * (self.world_size - 1)
+        table: list[object] = [item] + [None] * (self.world_size - 1)
         for rank, peer in self._peers.items():
             message = _receive(peer, self.timeout_s)
-            if not isinstance(message, list) or len(message) != 2 or message[0] != self._round:
+            if not _is_round(message, self._round):
                 raise ExchangeError(f"rank {rank} is out of step in round {self._round}")
             table[rank] = message[1]
         frame = _frame([self._round, table])  # encoded once for all peers
@@ -237,16 +241,21 @@ def _connect(port: int, timeout_s: float) -> socket.socket:
         return sock
 
 
-def _send(sock: socket.socket, message: Any) -> None:
+def _is_round(message: object, number: int) -> TypeGuard[list[object]]:
+    """Whether ``message`` is ``[number, payload]``: one rank's item of that round."""
+    return isinstance(message, list) and len(message) == 2 and message[0] == number
+
+
+def _send(sock: socket.socket, message: object) -> None:
     sock.sendall(_frame(message))
 
 
-def _frame(message: Any) -> bytes:
+def _frame(message: object) -> bytes:
     body = json.dumps(message, separators=(",", ":")).encode()
     return _HEADER.pack(len(body)) + body
 
 
-def _receive(sock: socket.socket, timeout_s: float) -> Any:
+def _receive(sock: socket.socket, timeout_s: float) -> object:
     sock.settimeout(timeout_s)
     (size,) = _HEADER.unpack(_read_exactly(sock, _HEADER.size))
     if size > _MAX_FRAME:

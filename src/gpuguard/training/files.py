@@ -13,7 +13,10 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 TEMPORARY_PREFIX = ".tmp-"
 _CHUNK = 8 << 20
@@ -31,7 +34,7 @@ class HashingWriter:
         self._digest = hashlib.sha256()
         self.size = 0
 
-    def write(self, data: Any, /) -> int:
+    def write(self, data: Buffer, /) -> int:
         view = memoryview(data).cast("B")
         self._digest.update(view)
         self._file.write(view)

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from gpuguard.training.verdicts import NODE_NAME_ENV
 
@@ -27,6 +27,14 @@ JOB_ENV = "GPUGUARD_JOB"
 """The job's name in verdicts (``namespace/name`` under Kubernetes)."""
 GPU_PCI_BUS_ID_ENV = "GPUGUARD_GPU_PCI_BUS_ID"
 """The PCI bus id of this rank's GPU, as NVML prints it (``00000000:3B:00.0``)."""
+
+
+class _Distributed(Protocol):
+    """``torch.distributed``, for the process's place in the default group."""
+
+    def get_rank(self) -> int: ...
+
+    def get_world_size(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ def _job_from_env() -> str:
     return env.get("TORCHELASTIC_RUN_ID") or f"job@{env.get('MASTER_ADDR') or socket.gethostname()}"
 
 
-def _initialised_torch_distributed() -> Any:
+def _initialised_torch_distributed() -> _Distributed | None:
     torch = sys.modules.get("torch")  # only a job that uses torch pays for its import
     if torch is None:
         return None

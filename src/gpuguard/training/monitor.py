@@ -32,16 +32,17 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
+from numbers import Real
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from gpuguard.training.exchange import BackgroundExchange, Exchange, ExchangeError, open_exchange
 from gpuguard.training.identity import RankIdentity
-from gpuguard.training.replicas import ReplicaCheck, ReplicaRound, fingerprint
+from gpuguard.training.replicas import Fingerprint, ReplicaCheck, ReplicaRound, fingerprint
 from gpuguard.training.step_timer import StepTimer, WindowRecord
 from gpuguard.training.straggler import Slowness, StragglerJudge, StragglerPolicy
 from gpuguard.training.verdicts import (
@@ -64,6 +65,7 @@ DEFAULT_COMPUTE_RECHECKS = 8
 """A probe suspect is re-checked up to this many times, ``replica_recheck_after`` apart."""
 _PARAMETERS = "parameters"
 _PROBE_GRADIENTS = "gradients of the probe batch"
+_Parsed = TypeVar("_Parsed")
 
 
 class JobMonitor:
@@ -75,7 +77,7 @@ class JobMonitor:
         job: str | None = None,
         node: str | None = None,
         gpu: str | None = None,
-        replica_group: Any = 0,
+        replica_group: Hashable = 0,
         window_steps: int = DEFAULT_WINDOW_STEPS,
         policy: StragglerPolicy | None = None,
         replica_interval: int = 50,
@@ -94,8 +96,7 @@ class JobMonitor:
         self.identity = RankIdentity.resolve(
             rank=rank, world_size=world_size, job=job, node=node, gpu=gpu
         )
-        directory = verdict_dir if verdict_dir is not None else os.environ.get(IN_JOB_DIR_ENV)
-        self.verdict_dir = Path(directory) if directory else None
+        self.verdict_dir = _verdict_dir(verdict_dir)
         self.window_steps = window_steps
         self.replica_group = replica_group
         self.ttl_s = ttl_s
@@ -112,14 +113,10 @@ class JobMonitor:
             _PROBE_GRADIENTS,
             rechecks=compute_rechecks,
         )
-        if exchange is None:
-            exchange = BackgroundExchange(
-                open_exchange(self.identity.rank, world_size=self.identity.world_size)
-            )
-        self._exchange = exchange
-        self._windows: deque[Future[list[Any]]] = deque()  # gathers not yet judged, in order
+        self._exchange = exchange if exchange is not None else _background_exchange(self.identity)
+        self._windows: deque[Future[list[object]]] = deque()  # gathers not yet judged, in order
         # Fingerprint rounds of both checks, in the order every rank submitted them.
-        self._rounds: deque[tuple[ReplicaCheck, int, Future[list[Any]]]] = deque()
+        self._rounds: deque[tuple[ReplicaCheck, int, Future[list[object]]]] = deque()
         self._slowness: Slowness | None = None
         self._mismatches: dict[VerdictKind, tuple[int, str]] = {}  # kind -> first step, why
         self.verdict: Verdict | None = None
@@ -160,14 +157,14 @@ class JobMonitor:
             self._windows.append(self._submit(self._timer.take_window(step).to_wire()))
         self._judge_gathered_windows()
 
-    def check_replicas(self, step: int, parameters: Any) -> list[ReplicaRound]:
+    def check_replicas(self, step: int, parameters: object) -> list[ReplicaRound]:
         """Call after every optimiser step with the rank's parameters (see
         `replicas.fingerprint`). When a round is due, fingerprints them (the loop waits
         for that pass) and hands the fingerprint to the exchange; returns the rounds
         judged during this call (their tables came back), usually none or one."""
         return self._check(step, self._replicas, lambda: parameters)
 
-    def check_compute(self, step: int, probe: Callable[[], Any]) -> list[ReplicaRound]:
+    def check_compute(self, step: int, probe: Callable[[], object]) -> list[ReplicaRound]:
         """Call after every optimiser step, on every rank, after `check_replicas`. When a
         round is due (every ``compute_interval`` steps), calls ``probe()`` and compares
         what it returns within the replica group as `check_replicas` compares parameters.
@@ -186,7 +183,7 @@ class JobMonitor:
         return self._check(step, self._probes, probe)
 
     def _check(
-        self, step: int, check: ReplicaCheck, values: Callable[[], Any]
+        self, step: int, check: ReplicaCheck, values: Callable[[], object]
     ) -> list[ReplicaRound]:
         if self.disabled:
             return []
@@ -207,14 +204,15 @@ class JobMonitor:
             if not future.done() and due_by > wait_until:
                 break
             self._rounds.popleft()
-            table = self._result(future)
-            if table is None:
+            groups = self._result(future, _fingerprints)
+            if groups is None:
                 break
-            judged.append(self._judge_round(check, round_step, table))
+            judged.append(self._judge_round(check, round_step, groups))
         return judged
 
-    def _judge_round(self, check: ReplicaCheck, step: int, table: list[Any]) -> ReplicaRound:
-        groups = {rank: (group, tuple(prints)) for rank, (_, group, prints) in enumerate(table)}
+    def _judge_round(
+        self, check: ReplicaCheck, step: int, groups: dict[int, tuple[object, Fingerprint]]
+    ) -> ReplicaRound:
         result = check.judge(step, groups)
         self.last_replica_round = result
         if result.vote.inconclusive:
@@ -247,10 +245,10 @@ class JobMonitor:
         """Stop exchanging. A held verdict stays, to lapse after its ``ttl_s``."""
         self._exchange.close()
 
-    def _submit(self, item: Any) -> Future[list[Any]]:
+    def _submit(self, item: object) -> Future[list[object]]:
         if isinstance(self._exchange, BackgroundExchange):
             return self._exchange.submit(item)
-        future: Future[list[Any]] = Future()
+        future: Future[list[object]] = Future()
         try:
             future.set_result(self._exchange.all_gather(item))
         except Exception as exc:
@@ -261,17 +259,20 @@ class JobMonitor:
         """Judge, in order, every window whose table has come back (on all ranks the same
         tables in the same order; a rank may see one a step before another)."""
         while self._windows and self._windows[0].done() and not self.disabled:
-            table = self._result(self._windows.popleft())
-            if table is None:
+            records = self._result(self._windows.popleft(), _window_records)
+            if records is None:
                 return
-            records = [WindowRecord.from_wire(row) for row in table]
             self.named = self._judge.judge(records)
             self._slowness = self.named.get(self.identity.rank)
             self._publish(max(record.last_step for record in records))
 
-    def _result(self, future: Future[list[Any]]) -> list[Any] | None:
+    def _result(
+        self, future: Future[list[object]], parse: Callable[[list[object]], _Parsed]
+    ) -> _Parsed | None:
+        """The gathered table as ``parse`` reads it; None when the exchange failed or a
+        peer sent what ``parse`` cannot read, and the monitor is now off."""
         try:
-            return future.result()
+            return parse(future.result())
         except (ExchangeError, OSError) as exc:
             self.disabled = f"exchange failed: {exc}"
             log.error("in-job monitor of rank %d off: %s", self.identity.rank, self.disabled)
@@ -338,3 +339,34 @@ class JobMonitor:
             write_verdict(self.verdict_dir, verdict)
         except OSError as exc:
             log.error("cannot write the verdict of rank %d: %s", verdict.rank, exc)
+
+
+def _verdict_dir(given: str | os.PathLike[str] | None) -> Path | None:
+    directory = given if given is not None else os.environ.get(IN_JOB_DIR_ENV)
+    return Path(directory) if directory else None
+
+
+def _background_exchange(identity: RankIdentity) -> BackgroundExchange:
+    return BackgroundExchange(open_exchange(identity.rank, world_size=identity.world_size))
+
+
+def _window_records(table: list[object]) -> list[WindowRecord]:
+    return [WindowRecord.from_wire(_numbers(row, rank)) for rank, row in enumerate(table)]
+
+
+def _fingerprints(table: list[object]) -> dict[int, tuple[object, Fingerprint]]:
+    """Rank -> (replica group, fingerprint), from the ranks' ``[step, group, fingerprint]``."""
+    groups: dict[int, tuple[object, Fingerprint]] = {}
+    for rank, row in enumerate(table):
+        if not isinstance(row, list) or len(row) != 3:
+            raise ExchangeError(f"rank {rank} sent {row!r}, not a fingerprint round")
+        groups[rank] = (row[1], tuple(_numbers(row[2], rank)))
+    return groups
+
+
+def _numbers(row: object, rank: int) -> list[float]:
+    if isinstance(row, list):
+        numbers = [float(value) for value in row if isinstance(value, Real)]
+        if len(numbers) == len(row):
+            return numbers
+    raise ExchangeError(f"rank {rank} sent {row!r}, not a list of numbers")

@@ -49,6 +49,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help=f"created if missing and exported to COMMAND as {CHECKPOINT_DIR_ENV}",
     )
+    _add_restart_arguments(parser)
+    _add_watchdog_arguments(parser)
+    parser.add_argument(
+        "job_command",  # not "command": the gpuguard CLI keeps its subcommand there
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND",
+        help="the training command and its arguments",
+    )
+
+
+def _add_restart_arguments(parser: argparse.ArgumentParser) -> None:
+    """How many restarts, after what, how far apart; when a crash loop stops them."""
     restarts = parser.add_argument_group("restarts")
     restarts.add_argument(
         "--infra-retries",
@@ -102,6 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="the time span of --crash-loop (default %(default)s)",
     )
+
+
+def _add_watchdog_arguments(parser: argparse.ArgumentParser) -> None:
+    """When a job that makes no progress is ended, and how."""
     watchdog = parser.add_argument_group("watchdog")
     watchdog.add_argument(
         "--progress-timeout",
@@ -121,12 +137,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_KILL_GRACE_S,
         metavar="S",
         help="from the watchdog's SIGTERM to its SIGKILL (default %(default)s)",
-    )
-    parser.add_argument(
-        "job_command",  # not "command": the gpuguard CLI keeps its subcommand there
-        nargs=argparse.REMAINDER,
-        metavar="-- COMMAND",
-        help="the training command and its arguments",
     )
 
 

@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from gpuguard.training.exits import exit_preempted
 
 log = logging.getLogger("gpuguard.training")
+
+_SignalHandler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+"""What ``signal.signal`` returns: a function, SIG_DFL or SIG_IGN, or None (not set from
+Python)."""
 
 
 class Preemption:
@@ -37,7 +41,7 @@ class Preemption:
         self.signals = tuple(signals)
         self.received: signal.Signals | None = None
         self._announced = False
-        self._previous: dict[signal.Signals, Any] = {}
+        self._previous: dict[signal.Signals, _SignalHandler] = {}
 
     def __enter__(self) -> Preemption:
         for signum in self.signals:

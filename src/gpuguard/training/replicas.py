@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+
+from gpuguard.training.tensors import Module, Tensor
 
 Fingerprint = tuple[float, ...]
 _MASK = (1 << 64) - 1
 _FOLD = 1_000_003
 
 
-def fingerprint(parameters: Any, *, rtol: float = 0.0) -> Fingerprint:
+def fingerprint(parameters: object, *, rtol: float = 0.0) -> Fingerprint:
     """A few numbers that differ when one element of ``parameters`` does.
 
     ``parameters``: a mapping of name to array (taken in name order), a torch module, one
@@ -75,9 +77,9 @@ class Vote:
     inconclusive: tuple[int, ...]  # ranks of groups that disagree without a majority
 
 
-def vote(groups: Mapping[int, tuple[Any, Fingerprint]], rtol: float = 0.0) -> Vote:
+def vote(groups: Mapping[int, tuple[object, Fingerprint]], rtol: float = 0.0) -> Vote:
     """``groups``: rank -> (replica group, fingerprint)."""
-    by_group: dict[Any, list[int]] = {}
+    by_group: dict[Hashable, list[int]] = {}
     for rank in sorted(groups):
         by_group.setdefault(_group_key(groups[rank][0]), []).append(rank)
     odd: list[int] = []
@@ -138,7 +140,7 @@ class ReplicaCheck:
         """The step whose `due` depends on the round of ``round_step``: judge it by then."""
         return round_step + min(self.recheck_after, self.interval)
 
-    def judge(self, step: int, groups: Mapping[int, tuple[Any, Fingerprint]]) -> ReplicaRound:
+    def judge(self, step: int, groups: Mapping[int, tuple[object, Fingerprint]]) -> ReplicaRound:
         result = vote(groups, self.rtol)
         self._recheck_at = None
         odd = set(result.odd)
@@ -180,47 +182,58 @@ def _majority(prints: Mapping[int, Fingerprint], rtol: float) -> Fingerprint | N
     return prints[best] if 2 * count > len(ranks) else None
 
 
-def _group_key(group: Any) -> Any:
-    return tuple(group) if isinstance(group, list) else group  # JSON turns tuples to lists
+def _group_key(group: object) -> Hashable:
+    if isinstance(group, list):  # JSON turns tuples to lists
+        return tuple(group)
+    if not isinstance(group, Hashable):
+        raise TypeError(f"replica group {group!r} is not hashable")
+    return group
 
 
-def _arrays(parameters: Any) -> Iterable[Any]:
+def _arrays(parameters: object) -> Iterable[object]:
     if isinstance(parameters, Mapping):
         return (parameters[name] for name in sorted(parameters))
     if hasattr(parameters, "parameters") and callable(parameters.parameters):
-        return parameters.parameters()  # type: ignore[no-any-return]  # a torch module
+        module: Module = parameters  # a torch module
+        return module.parameters()
     if hasattr(parameters, "shape") and hasattr(parameters, "dtype"):
         return [parameters]  # one array, not its rows
-    return parameters  # type: ignore[no-any-return]
+    if not isinstance(parameters, Iterable):
+        raise TypeError(f"cannot fingerprint a {type(parameters).__name__}: no arrays in it")
+    return parameters
 
 
-def _bit_sums(arrays: list[Any]) -> list[int]:
+def _bit_sums(arrays: list[object]) -> list[int]:
     torch = sys.modules.get("torch")
-    if torch is not None and arrays and all(isinstance(a, torch.Tensor) for a in arrays):
-        return _torch_bit_sums(torch, arrays)
+    if torch is not None and arrays:
+        tensors = [a for a in arrays if isinstance(a, torch.Tensor)]
+        if len(tensors) == len(arrays):
+            return _torch_bit_sums(torch, tensors)
     import numpy as np
 
     sums = []
     for array in arrays:
         data = np.ascontiguousarray(array)
-        integers = data.reshape(-1).view(_numpy_int(np, data.dtype.itemsize))
+        integers = data.reshape(-1).view(_numpy_int(data.dtype.itemsize))
         sums.append(int(integers.sum(dtype=np.int64)) & _MASK)
     return sums
 
 
-def _numpy_int(np: Any, itemsize: int) -> Any:
-    for size, dtype in ((8, np.int64), (4, np.int32), (2, np.int16)):
+def _numpy_int(itemsize: int) -> str:
+    """The widest signed integer type (``i8``, ``i4``...) whose size divides ``itemsize``."""
+    for size in (8, 4, 2):
         if itemsize % size == 0:
-            return dtype
-    return np.int8
+            return f"i{size}"
+    return "i1"
 
 
-def _torch_bit_sums(torch: Any, tensors: list[Any]) -> list[int]:
+def _torch_bit_sums(torch: ModuleType, tensors: Sequence[Tensor]) -> list[int]:
     by_size = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
     sums = []
     for tensor in tensors:
         flat = tensor.detach().reshape(-1)
         sums.append(flat.view(by_size[flat.element_size()]).sum(dtype=torch.int64))
+    values: list[float]
     if len({s.device for s in sums}) == 1:
         values = torch.stack(sums).tolist()  # one device-to-host copy, one synchronisation
     else:
@@ -228,7 +241,7 @@ def _torch_bit_sums(torch: Any, tensors: list[Any]) -> list[int]:
     return [int(value) & _MASK for value in values]
 
 
-def _float_sums(array: Any) -> tuple[float, float]:
+def _float_sums(array: object) -> tuple[float, float]:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(array, torch.Tensor):
         data = array.detach().double()

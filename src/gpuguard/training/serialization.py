@@ -17,19 +17,28 @@ import copy
 import os
 import pickle
 import sys
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from gpuguard.training.tensors import Array, Tensor
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 Serializer = Literal["pickle", "torch"]
+StatePath = tuple[Hashable, ...]
+"""Where a value sits in the state: the keys and indices that lead to it."""
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None))
 _CHUNK_BYTES = 64 << 20  # arrays below this are copied in one piece
 _COPY_THREADS = 8
 
 
 class Writable(Protocol):
-    def write(self, data: Any, /) -> int: ...
+    def write(self, data: Buffer, /) -> int: ...
 
     def flush(self) -> None: ...
 
@@ -38,7 +47,7 @@ class Writable(Protocol):
 class Prepared:
     """The state as it will be written, and how."""
 
-    state: Any
+    state: object
     serializer: Serializer
 
 
@@ -55,15 +64,18 @@ class StagingArea:
     """
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[Any, ...], Any] = {}
-        self._next: dict[tuple[Any, ...], Any] = {}
+        # The buffers of the last save, and those of the save under way.
+        self._arrays: dict[StatePath, Array] = {}
+        self._tensors: dict[StatePath, Tensor] = {}
+        self._next_arrays: dict[StatePath, Array] = {}
+        self._next_tensors: dict[StatePath, Tensor] = {}
         self._copies: list[Future[None]] = []
         self._pool: ThreadPoolExecutor | None = None
 
-    def array(self, path: tuple[Any, ...], source: Any, numpy: Any) -> Any:
+    def array(self, path: StatePath, source: Array, numpy: ModuleType) -> Array:
         if source.dtype.hasobject:  # object arrays hold references: copy what they point to
             return copy.deepcopy(source)
-        buffer = self._buffers.get(path)
+        buffer = self._arrays.get(path)
         if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
             buffer = numpy.empty_like(source, order="C")
         if source.nbytes < _CHUNK_BYTES or not source.flags.c_contiguous:
@@ -75,17 +87,17 @@ class StagingArea:
                 self._copies.append(
                     self._threads().submit(numpy.copyto, target[start:end], origin[start:end])
                 )
-        self._next[path] = buffer
+        self._next_arrays[path] = buffer
         return buffer
 
-    def tensor(self, path: tuple[Any, ...], source: Any) -> Any:
+    def tensor(self, path: StatePath, source: Tensor) -> Tensor:
         source = source.detach()
-        buffer = self._buffers.get(path)
+        buffer = self._tensors.get(path)
         if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
             buffer = source.to("cpu", copy=True)
         else:
             buffer.copy_(source)
-        self._next[path] = buffer
+        self._next_tensors[path] = buffer
         return buffer
 
     def finish(self) -> None:
@@ -93,7 +105,8 @@ class StagingArea:
         copies, self._copies = self._copies, []
         for done in copies:
             done.result()
-        self._buffers, self._next = self._next, {}
+        self._arrays, self._next_arrays = self._next_arrays, {}
+        self._tensors, self._next_tensors = self._next_tensors, {}
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -102,7 +115,7 @@ class StagingArea:
         return self._pool
 
 
-def prepare(state: Any, staging: StagingArea | None) -> Prepared:
+def prepare(state: object, staging: StagingArea | None) -> Prepared:
     """The state to write. With ``staging``, every array, tensor and mutable leaf is copied
     so that the script may change its state while the copy is written in the background;
     without, only the containers are rebuilt (the write happens before the script goes on).
@@ -125,7 +138,7 @@ def dump(prepared: Prepared, out: Writable) -> None:
         pickle.dump(prepared.state, out, protocol=5)
 
 
-def load(path: Path, serializer: str, map_location: Any) -> Any:
+def load(path: Path, serializer: str, map_location: object) -> object:
     """Read a payload whose checksum was already verified.
 
     ``weights_only=False``: the state may hold NumPy arrays and plain Python objects, which
@@ -137,18 +150,21 @@ def load(path: Path, serializer: str, map_location: Any) -> Any:
         return torch.load(path, map_location=map_location, weights_only=False)
     if serializer == "pickle":
         with path.open("rb") as payload:
-            return pickle.load(payload)
+            state: object = pickle.load(payload)
+            return state
     raise ValueError(f"unknown serializer {serializer!r}")
 
 
 class _Walker:
-    def __init__(self, torch: Any, numpy: Any, staging: StagingArea | None) -> None:
+    def __init__(
+        self, torch: ModuleType | None, numpy: ModuleType | None, staging: StagingArea | None
+    ) -> None:
         self.torch = torch
         self.numpy = numpy
         self.staging = staging
         self.uses_torch = False
 
-    def visit(self, obj: Any, path: tuple[Any, ...]) -> Any:
+    def visit(self, obj: object, path: StatePath) -> object:
         torch = self.torch
         if torch is not None:
             if isinstance(obj, torch.nn.Module | torch.optim.Optimizer):
@@ -169,7 +185,10 @@ class _Walker:
             return [self.visit(item, (*path, index)) for index, item in enumerate(obj)]
         if isinstance(obj, tuple):
             items = [self.visit(item, (*path, index)) for index, item in enumerate(obj)]
-            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+            if not hasattr(obj, "_fields"):
+                return tuple(items)
+            named_tuple: Callable[..., object] = type(obj)  # takes the fields one by one
+            return named_tuple(*items)
         if self.staging is None or isinstance(obj, _IMMUTABLE):
             return obj
         return copy.deepcopy(obj)
