@@ -28,11 +28,9 @@ LONG_MODULES = {
 }
 LONG_FUNCTIONS = {
     "gpuguard/checks/load/measure.py:_compute": 62,
-    "gpuguard/training/monitor.py:__init__": 64,
     "gpuguard/sim/report.py:targets": 68,
     "gpuguard/sim/faults.py:generate_faults": 78,
     "gpuguard/sim/report.py:_rows": 85,
-    "gpuguard/training/options.py:add_arguments": 88,
     "gpuguard/sim/results.py:summarise": 92,
     "gpuguard/remediation/decide.py:decide": 93,
     "gpuguard/cli.py:build_parser": 112,
