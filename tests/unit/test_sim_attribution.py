@@ -14,6 +14,7 @@ import numpy as np
 from gpuguard.remediation.policy import Policy
 from gpuguard.sim.agent_view import AgentView
 from gpuguard.sim.engine import Engine
+from gpuguard.sim.fault_stream import generate_faults
 from gpuguard.sim.faults import (
     DAY,
     HOUR,
@@ -22,7 +23,6 @@ from gpuguard.sim.faults import (
     Fix,
     Locus,
     Signal,
-    generate_faults,
 )
 from gpuguard.sim.gpuguard_policy import GpuguardPolicy
 from gpuguard.sim.jobs import Job

@@ -13,8 +13,9 @@ from gpuguard.sim.engine import Engine
 from gpuguard.sim.faults import HOUR, Effect, Fault, Fix, Signal
 from gpuguard.sim.jobs import Job, JobState, _cdf, _draw
 from gpuguard.sim.policies import NoPolicy, device_plugin_marks
-from gpuguard.sim.results import size_class, summarise
+from gpuguard.sim.results import size_class
 from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
+from gpuguard.sim.summary import summarise
 
 
 def _scenario(nodes: int, days: float = 2.0, **sections: dict[str, object]) -> Scenario:

@@ -19,8 +19,8 @@ from gpuguard.sim.agent_view import AgentView
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import DAY, HOUR, LOCI, Effect, Fault, Fix, Locus, Signal
 from gpuguard.sim.gpuguard_policy import GpuguardPolicy
-from gpuguard.sim.results import most_in_window, summarise
 from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
+from gpuguard.sim.summary import most_in_window, summarise
 from gpuguard.sim.trace import TRACE_CLASSES, default_locus
 from gpuguard.sim.trace_files import load_trace
 from gpuguard.sim.trace_infinitehbd import MAPPING

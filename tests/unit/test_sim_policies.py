@@ -9,10 +9,11 @@ import numpy as np
 
 from gpuguard.cli import main
 from gpuguard.remediation.policy import Policy, build_policy
-from gpuguard.sim.faults import generate_faults
-from gpuguard.sim.report import table, targets
+from gpuguard.sim.fault_stream import generate_faults
+from gpuguard.sim.report import table
 from gpuguard.sim.run import simulate
 from gpuguard.sim.scenario import FaultClasses, Scenario, build_scenario, load_scenario
+from gpuguard.sim.targets import targets
 
 SMALL = {"days": 10, "warmup_days": 0, "fleet": {"nodes": 160}}
 

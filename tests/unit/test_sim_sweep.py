@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from gpuguard.sim.faults import generate_faults, replacement_rate
+from gpuguard.sim.fault_stream import generate_faults, replacement_rate
 from gpuguard.sim.scenario import FaultClasses, build_scenario, load_scenario
 from gpuguard.sim.sweep import Interval, t95
 

@@ -16,7 +16,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from gpuguard.sim.faults import Fault, generate_faults
+from gpuguard.sim.fault_stream import generate_faults
+from gpuguard.sim.faults import Fault
 from gpuguard.sim.run import replay_scenario
 from gpuguard.sim.scenario import load_scenario
 from gpuguard.sim.trace import TRACE_CLASSES

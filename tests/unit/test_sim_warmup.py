@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuguard.sim.faults import DAY, HOUR, Fault, generate_faults
+from gpuguard.sim.fault_stream import generate_faults
+from gpuguard.sim.faults import DAY, HOUR, Fault
 from gpuguard.sim.jobs import Job, JobState
 from gpuguard.sim.report import span_text
-from gpuguard.sim.results import summarise
 from gpuguard.sim.run import replay_scenario
 from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
+from gpuguard.sim.summary import summarise
 from gpuguard.sim.trace import Trace
 from tests.unit.test_sim_jobs import DEAD_GPU, _fault, _run
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import TypeAlias, TypeVar
 
 # (time, order, action, args): a plain tuple, so that the heap compares entries without
 # calling into Python code and schedules them without allocating anything else (the
 # engine schedules hundreds of thousands). ``order`` breaks ties between events due at
 # the same time: first scheduled, first run. The entry is also the handle to cancel by.
-Event: TypeAlias = tuple[float, int, Callable[..., None], tuple[Any, ...]]
+Event: TypeAlias = tuple[float, int, Callable[..., None], tuple[object, ...]]
 T = TypeVar("T")
 
 
@@ -29,7 +29,7 @@ class EventQueue:
         self._current = -1  # the order of the event running now
         self._cancelled: set[int] = set()  # orders of events still queued
 
-    def at(self, t: float, action: Callable[..., None], *args: Any) -> Event:
+    def at(self, t: float, action: Callable[..., None], *args: object) -> Event:
         """Run ``action(*args)`` at ``t`` (now, if ``t`` has passed)."""
         now = self.now
         event = (t if t > now else now, next(self._order), action, args)
@@ -60,7 +60,9 @@ class EventQueue:
             t, order, action, args = event
             heapq.heappush(self._heap, (t, order, self._stream_step, (stream, action, args)))
 
-    def _stream_step(self, stream: Iterator[Event], action: Callable[..., None], args: Any) -> None:
+    def _stream_step(
+        self, stream: Iterator[Event], action: Callable[..., None], args: tuple[object, ...]
+    ) -> None:
         self._next_from(stream)
         action(*args)
 

@@ -7,7 +7,7 @@
   Nothing else reads GPU signals: a node is dealt with when it stops answering, a GPU fault
   kills the job (retried by its own budget), and people chase the nodes that keep killing
   jobs.
-- ``reactive``: node-problem-detector plus a drain controller and reboots. Any kernel log
+- ``reactive``: node-problem-detector plus a drain controller and reboots. Every kernel log
   line its rules match (any Xid, as the usual custom rule ``NVRM: Xid`` does) cordons,
   drains and reboots the node; the condition clears with the new boot. It reads no GPU
   facts and no RDMA ports, runs no deep or load checks, and its drains cost the jobs a

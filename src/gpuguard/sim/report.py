@@ -1,41 +1,45 @@
-"""The comparison as a terminal table, as one JSON object, and the targets check.
-
-The targets (99.95 % GPU-node availability, 99.5 % job success) are checked against the
-gpuguard run as simulated; nothing is tuned to meet them. When a target is missed the
-report says by how much and what would have to change, from the run's own numbers.
-"""
+"""The comparison as a terminal table and as one JSON object: the headline figures over
+the seeds, replacements against where faults live, the first seed's detail, and the
+targets check (``targets``)."""
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 
 from gpuguard.sim import in_job_report
+from gpuguard.sim.formatting import grid, interval_text, metric_cell, metric_label, pct
 from gpuguard.sim.results import SIZE_CLASSES, PolicyResult
 from gpuguard.sim.run import Simulation
 from gpuguard.sim.scenario import Scenario
-from gpuguard.sim.sweep import METRICS, NOT_SHARES, Interval
+from gpuguard.sim.sweep import METRICS, Interval
+from gpuguard.sim.targets import TARGET_AVAILABILITY, TARGET_JOB_SUCCESS, targets, verdicts
 
-TARGET_AVAILABILITY = 0.9995
-TARGET_JOB_SUCCESS = 0.995
-RATIOS = ("ettr", "effective", "goodput", "ml_goodput")  # shown as ratios, not percentages
-
-
-def _pct(value: float) -> str:
-    return f"{100 * value:.3f} %"
+# One row of the first seed's detail: its label, and its cell from a policy's result.
+Row = tuple[str, Callable[[PolicyResult], str]]
 
 
-def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
+def _rows() -> list[Row]:
     return [
-        ("GPU-node availability (physical)", lambda r: _pct(r.gpu_node_availability)),
-        ("GPU-node availability (slots)", lambda r: _pct(r.slot_availability)),
-        ("job success rate", lambda r: _pct(r.job_success_rate)),
+        *_outcome_rows(),
+        *_repair_rows(),
+        *in_job_report.rows(),
+        *_cost_rows(),
+        *_action_rows(),
+    ]
+
+
+def _outcome_rows() -> list[Row]:
+    """Availability, job success, and the jobs' productive time."""
+    return [
+        ("GPU-node availability (physical)", lambda r: pct(r.gpu_node_availability)),
+        ("GPU-node availability (slots)", lambda r: pct(r.slot_availability)),
+        ("job success rate", lambda r: pct(r.job_success_rate)),
         (
             "  succeeded / failed / running",
             lambda r: "{succeeded} / {failed} / {unfinished}".format(**r.jobs),
         ),
-        ("job success by GPU-hours of work", lambda r: _pct(r.job_success_by_gpu_hours)),
+        ("job success by GPU-hours of work", lambda r: pct(r.job_success_by_gpu_hours)),
         *(
             (f"  jobs of {label} GPUs: rate (failed / ended)", _size_cell(label))
             for _, label in SIZE_CLASSES
@@ -51,6 +55,12 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             ),
         ),
         ("fleet goodput (useful / all GPU-hours)", lambda r: f"{r.goodput:.4f}"),
+    ]
+
+
+def _repair_rows() -> list[Row]:
+    """How fast faults were found and fixed, and the hidden ones found."""
+    return [
         ("MTTR, fault to back in service (h)", lambda r: f"{r.mttr_hours:.2f}"),
         (
             "time to detect p50 / p90 (min)",
@@ -71,7 +81,12 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             "  removed (repaired or replaced): SDC / fail-slow",
             lambda r: f"{r.hidden_faults['sdc'].removed} / {r.hidden_faults['fail_slow'].removed}",
         ),
-        *in_job_report.rows(),
+    ]
+
+
+def _cost_rows() -> list[Row]:
+    """Deep runs, GPU-hours lost, and how often jobs were interrupted."""
+    return [
         (
             "deep-suite runs: scheduled / verify (failed)",
             lambda r: "{} / {} ({})".format(
@@ -94,6 +109,12 @@ def _rows() -> list[tuple[str, Callable[[PolicyResult], str]]]:
             lambda r: f"{r.interruptions_per_1000_node_days:.2f}",
         ),
         ("job MTTF (h) by nodes", _mttf_cell),
+    ]
+
+
+def _action_rows() -> list[Row]:
+    """What the policy did to nodes and jobs, and its replacements against machine faults."""
+    return [
         ("disruptive actions", lambda r: str(sum(r.actions.values()))),
         (
             "  kill job / drain",
@@ -160,7 +181,7 @@ def _locus_lines(simulation: Simulation) -> list[str]:
         cells = [interval_text(over[n][metric], 1.0, digits) for n in names]
         rows.append((metric.replace("_", " "), cells))
     title = "Replacements and where faults live, over the seeds: mean [95 % interval]"
-    return [title, *_grid(rows)]
+    return [title, *grid(rows)]
 
 
 def _size_cell(label: str) -> Callable[[PolicyResult], str]:
@@ -168,7 +189,7 @@ def _size_cell(label: str) -> Callable[[PolicyResult], str]:
         outcome = result.job_success_by_size[label]
         rate = outcome.rate
         ended = outcome.succeeded + outcome.failed
-        return "-" if rate is None else f"{_pct(rate)} ({outcome.failed} / {ended})"
+        return "-" if rate is None else f"{pct(rate)} ({outcome.failed} / {ended})"
 
     return cell
 
@@ -194,40 +215,6 @@ def gpu_hours_lost(result: PolicyResult) -> float:
     return sum(hours[k] for k in lost)
 
 
-def _cell(interval: Interval | None, metric: str) -> str:
-    scale, digits = (1.0, 2) if metric in NOT_SHARES else (100.0, 3)
-    if metric.startswith(RATIOS):
-        scale, digits = 1.0, 4
-    return interval_text(interval, scale, digits)
-
-
-def interval_text(interval: Interval | None, scale: float, digits: int) -> str:
-    """``mean [low, high]`` (the mean alone without an interval; "-" without a figure)."""
-    if interval is None:
-        return "-"
-    mean = f"{scale * interval.mean:.{digits}f}"
-    if not math.isfinite(interval.low):
-        return mean
-    return f"{mean} [{scale * interval.low:.{digits}f}, {scale * interval.high:.{digits}f}]"
-
-
-def _label(metric: str) -> str:
-    if metric == "mttr_hours":
-        unit = " (h)"
-    else:
-        unit = "" if metric.startswith(RATIOS) or metric in NOT_SHARES else " %"
-    return metric.replace("_", " ") + unit
-
-
-def _grid(rows: list[tuple[str, list[str]]]) -> list[str]:
-    width = max(len(label) for label, _ in rows)
-    cells = [max(len(row[1][i]) for row in rows) for i in range(len(rows[0][1]))]
-    return [
-        f"{label:<{width}}  " + "  ".join(f"{v:>{cells[i]}}" for i, v in enumerate(values))
-        for label, values in rows
-    ]
-
-
 def spread(simulation: Simulation) -> list[str]:
     """Each headline figure over the seeds: mean [95 % interval]; a trace replay adds the
     trace's own operations, as recorded."""
@@ -237,14 +224,14 @@ def spread(simulation: Simulation) -> list[str]:
     head = [*names, *(["as recorded"] if trace is not None else [])]
     rows: list[tuple[str, list[str]]] = [("", head)]
     for metric in METRICS:
-        cells = [_cell(over[name][metric], metric) for name in names]
+        cells = [metric_cell(over[name][metric], metric) for name in names]
         if trace is not None:
             recorded = metric in ("slot_availability", "gpu_node_availability")
-            cells.append(_pct(trace.recorded_availability()) if recorded else "-")
-        rows.append((_label(metric), cells))
+            cells.append(pct(trace.recorded_availability()) if recorded else "-")
+        rows.append((metric_label(metric), cells))
     seeds = simulation.seeds
     title = f"Over {len(seeds)} seed(s) ({seeds[0]}-{seeds[-1]}): mean [95 % interval]"
-    return [title, *_grid(rows)]
+    return [title, *grid(rows)]
 
 
 def span_text(scenario: Scenario) -> str:
@@ -273,129 +260,11 @@ def table(simulation: Simulation) -> str:
     rows = [("", names)] + [
         (label, [value(simulation.results[n]) for n in names]) for label, value in _rows()
     ]
-    lines = header + _grid(rows) + ["", *targets(simulation)]
+    lines = header + grid(rows) + ["", *targets(simulation)]
     in_job = in_job_report.lines(simulation)
     if in_job:
         lines += ["", *in_job]
     return "\n".join(lines)
-
-
-TARGETS = (
-    ("physical GPU-node availability", "gpu_node_availability", TARGET_AVAILABILITY),
-    ("slot availability", "slot_availability", TARGET_AVAILABILITY),
-    ("job success", "job_success_rate", TARGET_JOB_SUCCESS),
-    ("job success by GPU-hours", "job_success_by_gpu_hours", TARGET_JOB_SUCCESS),
-)
-
-
-def verdicts(simulation: Simulation) -> dict[str, str]:
-    """Each target's verdict for the gpuguard run: met only if its interval is above it."""
-    if "gpuguard" not in simulation.results:
-        return {}
-    over = simulation.over_seeds("gpuguard")
-    verdicts = {}
-    for _, metric, target in TARGETS:
-        interval = over[metric]
-        verdicts[metric] = interval.verdict(target) if interval is not None else "not settled"
-    return verdicts
-
-
-def targets(simulation: Simulation) -> list[str]:
-    """Whether the gpuguard run meets the targets over the seeds, and if not, what would
-    have to change (from the first seed's run)."""
-    result = simulation.results.get("gpuguard")
-    if result is None:
-        return []
-    scenario = simulation.scenario
-    over = simulation.over_seeds("gpuguard")
-    judged = verdicts(simulation)
-    node_days = scenario.fleet.nodes * scenario.days
-    incidents = result.time_to_repair_h.count + result.unrepaired_faults
-    per_node_day = incidents / node_days if node_days else 0.0
-    allowed_h = (1 / TARGET_AVAILABILITY - 1) / per_node_day * 24 if per_node_day else float("inf")
-    seeds = len(simulation.seeds)
-    lines = [
-        f"Targets (gpuguard run, {seeds} seed(s), met only if the 95 % interval is; nothing tuned):"
-    ]
-    for label, metric, target in TARGETS:
-        interval = over[metric]
-        verdict = judged[metric]
-        shown = _cell(interval, metric)
-        lines.append(f"- {label} {shown} % vs {_pct(target)}: {verdict}")
-        if verdict == "not settled":
-            why = (
-                "One seed gives no interval: run more (--seeds, --trace-seeds)"
-                if seeds < 2
-                else "The interval spans the target: more seeds (--seeds) narrow it"
-            )
-            lines.append(f"  {why}; the figures below are what would have to change to clear it.")
-        if verdict == "met":
-            continue
-        if metric.endswith("availability") and per_node_day:
-            value = getattr(result, metric)
-            mean_out_h = (1 / value - 1) / per_node_day * 24
-            lines.append(
-                f"  Seed {scenario.seed}: {1000 * per_node_day:.2f} incidents per 1,000"
-                f" node-days at a mean of {mean_out_h:.2f} h out of service each; 99.95 %"
-                f" allows {allowed_h:.2f} h."
-                + (
-                    " Machines away for repair count here: only repair in place within that"
-                    " time, or counting slots refilled from spares, gets there."
-                    if metric == "gpu_node_availability"
-                    else _slot_remedy(result)
-                )
-            )
-        elif metric.startswith("job_success"):
-            for why, count in sorted(result.job_failures.items()):
-                lines.append(
-                    f"  Seed {scenario.seed}: {count} job(s) failed: {why}"
-                    + _remedy(why, scenario.jobs.retry_budget)
-                )
-    runs = result.deep_runs.get("schedule", 0)
-    if runs:
-        waited = result.gpu_hours["deep_run_wait"]
-        share = waited / sum(result.gpu_hours.values())
-        lines.append(
-            f"- {runs:,} scheduled deep-suite runs on idle nodes kept them in service; jobs"
-            f" placed on a node during one waited {waited:,.0f} GPU-hours for it to end"
-            f" ({100 * share:.4f} % of the fleet's); a longer deep_checks.interval_h costs less."
-        )
-    lost = result.gpu_hours["lost_work"]
-    if lost > 0:
-        interval_min = scenario.jobs.checkpoint_interval_min
-        lines.append(
-            f"- {lost:,.0f} GPU-hours of work were redone after interruptions; checkpoints"
-            f" every {interval_min / 2:g} min instead of {interval_min:g} would about halve that."
-        )
-    return lines
-
-
-def _slot_remedy(result: PolicyResult) -> str:
-    """What held slots out of service longest, and what would shorten it."""
-    by_class = result.repair_node_hours_by_class
-    if not by_class:
-        return ""
-    worst, hours = next(iter(by_class.items()))
-    share = f" Most of it: {worst} faults, {hours:,.0f} of {sum(by_class.values()):,.0f}"
-    share += " node-hours from fault to back in service."
-    if worst == "fabric":
-        return share + (
-            " A rack's nodes are unusable until its switch or cable is back: only a faster"
-            " swap (failures.classes.fabric.self_clear_h) or a sturdier fabric closes the gap."
-        )
-    return share + (
-        " Faster replacement (more spares, quicker swaps) or fewer replacements would have"
-        " to close the gap."
-    )
-
-
-def _remedy(why: str, budget: int) -> str:
-    if why.startswith("retry"):
-        return (
-            f" (budget {budget}): a larger budget, or infrastructure failures not counted"
-            " against it (podFailurePolicy on the crash's exit codes)"
-        )
-    return ": more spare capacity, or a longer wait before giving up"
 
 
 def to_json(simulation: Simulation) -> str:

@@ -13,12 +13,14 @@ import numpy as np
 from gpuguard.remediation.policy import Policy, build_policy, load_policy
 from gpuguard.sim.agent_view import AgentView
 from gpuguard.sim.engine import Driver, Engine
-from gpuguard.sim.faults import Fault, generate_faults
+from gpuguard.sim.fault_stream import generate_faults
+from gpuguard.sim.faults import Fault
 from gpuguard.sim.gpuguard_policy import GpuguardPolicy
 from gpuguard.sim.jobs import Workload, generate_jobs
 from gpuguard.sim.policies import NoPolicy, ReactivePolicy
-from gpuguard.sim.results import PolicyResult, summarise
+from gpuguard.sim.results import PolicyResult
 from gpuguard.sim.scenario import Scenario
+from gpuguard.sim.summary import summarise
 from gpuguard.sim.sweep import Interval, intervals
 from gpuguard.sim.trace import Trace
 

@@ -2,42 +2,28 @@
 
 Every default is a published figure or a stated assumption; docs/simulator.md gives the
 source of each. Errors name the file and the key, like the rest of gpuguard's configuration.
+The detection sections are in ``scenario_detection``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpuguard.config import DeepChecks as AgentDeepChecks
 from gpuguard.config import describe_invalid, read_yaml_mapping
 from gpuguard.errors import ConfigError
-from gpuguard.training.monitor import (
-    DEFAULT_COMPUTE_INTERVAL,
-    DEFAULT_COMPUTE_RECHECKS,
-    DEFAULT_WINDOW_STEPS,
-)
-from gpuguard.training.replicas import ReplicaCheck
-from gpuguard.training.straggler import StragglerPolicy
+from gpuguard.sim.scenario_detection import Attribution, DeepChecks, Detection, InJob
+from gpuguard.sim.scenario_types import NonNegative, Positive, Share, Strict
 
-_STRAGGLER = StragglerPolicy()  # the job-side judge's defaults
-_REPLICAS = ReplicaCheck()
-
-Positive = Annotated[float, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
-Share = Annotated[float, Field(ge=0, le=1)]
 # Warm spares per pool of the gpuguard run unless the scenario sets ``fleet.spares_per_pool``.
 GPUGUARD_SPARES_PER_POOL = 2
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Fleet(_Strict):
+class Fleet(Strict):
     nodes: int = Field(default=256, ge=1, le=200_000, description="GPU-node slots in service")
     pools: int = Field(default=2, ge=1, description="Node pools (budgets are per pool)")
     nodes_per_rack: int = Field(default=16, ge=1, description="Nodes behind one leaf switch")
@@ -70,7 +56,7 @@ class Fleet(_Strict):
         return per_pool * self.pools
 
 
-class Fix(_Strict):
+class Fix(Strict):
     """What clears a fault, as shares of its class (they must add up to 1)."""
 
     restart: Share = 0.0  # the job's restart: the node was never at fault
@@ -92,7 +78,7 @@ class Fix(_Strict):
         return (self.restart, self.reset, self.reboot, self.replace, self.self_clears)
 
 
-class FaultClass(_Strict):
+class FaultClass(Strict):
     rate: NonNegative = Field(description="Faults per 1,000 node-days")
     fix: Fix
     self_clear_h: Positive = Field(default=4.0, description="How long a self-clearing fault lasts")
@@ -102,7 +88,7 @@ def _fc(rate: float, self_clear_h: float = 4.0, **fix: float) -> FaultClass:
     return FaultClass(rate=rate, fix=Fix.model_validate(fix), self_clear_h=self_clear_h)
 
 
-class FaultClasses(_Strict):
+class FaultClasses(Strict):
     """Rates per 1,000 node-days by class (Llama 3 405B, 54 days on 16,384 H100)."""
 
     gpu: FaultClass = _fc(0.80, reboot=0.35, replace=0.65)
@@ -121,7 +107,7 @@ class FaultClasses(_Strict):
     sdc: FaultClass = _fc(0.054, replace=1.0)
 
 
-class Failures(_Strict):
+class Failures(Strict):
     rate_multiplier: NonNegative = Field(default=1.0, description="Scales every class's rate")
     classes: FaultClasses = FaultClasses()
     lemon_share: Share = Field(default=0.02, description="Share of machines that are lemons")
@@ -152,167 +138,14 @@ class Failures(_Strict):
     )
 
 
-class Detection(_Strict):
-    kernel_log_s: NonNegative = Field(default=5.0, description="Event-driven kernel log")
-    check_interval_s: Positive = Field(default=30.0, description="The agent's periodic checks")
-    watchdog_min: Positive = Field(default=10.0, description="NCCL watchdog: a hung job dies")
-    sdc_detection_h: Positive = Field(default=24.0, description="Until a loss spike shows SDC")
-    manual_response_h: Positive = Field(default=12.0, description="Until a human acts")
-    slow_noticed_h: Positive | None = Field(
-        default=72.0,
-        description=(
-            "Until a job's owners notice a persistently slow node under their job and file a"
-            " ticket, in every run (null: never)"
-        ),
-    )
-    device_plugin_health_check: bool = Field(
-        default=True,
-        description=(
-            "The none run has the NVIDIA device plugin's Xid health check on (its default;"
-            " false is DP_DISABLE_HEALTHCHECKS=xids)"
-        ),
-    )
-
-
-class DeepChecks(_Strict):
-    """The agent's deep suite (gpuguard policy only): on a schedule while idle, and on the
-    controller's verify request when the policy's verify gate is on."""
-
-    interval_h: Positive | None = Field(
-        default=24.0, description="Run on a node this often, when it is idle (null: never)"
-    )
-    min_idle_s: NonNegative = Field(
-        default=AgentDeepChecks.model_fields["min_idle_s"].default,
-        description="A scheduled run waits for the node to have been free of jobs this long",
-    )
-    duration_s: Positive = Field(default=90.0, description="The suite's budget plus start-up")
-    verify_pickup_s: NonNegative = Field(
-        default=1.0, description="Until the agent sees a verify request (it watches its Node)"
-    )
-    sdc_detection_probability: Share = 0.5
-    fail_slow_detection_probability: Share = 0.9
-    false_positive_probability: Share = Field(
-        default=0.002, description="A run on a healthy node reports a slow GPU"
-    )
-
-
-class InJob(_Strict):
-    """Detection inside running jobs (gpuguard run only): the training-side step telemetry
-    and replica fingerprints (``gpuguard.training``, its defaults), and the agent's
-    comparison of busy GPUs' clocks (``load-clocks``, the agent's defaults)."""
-
-    enabled: bool = Field(default=True, description="The in-job path runs (false: deep suite only)")
-    adoption: Share = Field(
-        default=0.5, description="Share of jobs launched with the training-side telemetry"
-    )
-    ranks_per_node: int = Field(
-        default=8, ge=1, description="A job's processes per node (one per GPU, as torchrun)"
-    )
-    gpus_per_replica: int = Field(
-        default=8, ge=1, description="GPUs that hold one data-parallel replica (TP x PP)"
-    )
-    step_s: Positive = Field(default=5.0, description="A training step at full speed")
-    window_steps: int = Field(
-        default=DEFAULT_WINDOW_STEPS, ge=1, description="Steps between per-rank exchanges"
-    )
-    persistence_windows: int = Field(
-        default=_STRAGGLER.persistence,
-        ge=1,
-        description="Windows in a row before a rank is named, and before it is released",
-    )
-    ratio: float = Field(
-        default=_STRAGGLER.ratio, gt=1, description="Compute time over peers' median"
-    )
-    change_ratio: float | None = Field(
-        default=_STRAGGLER.change_ratio,
-        gt=1,
-        description="A smaller slowdown named as a change from the rank's own past (null: off)",
-    )
-    change_persistence_windows: int = Field(
-        default=_STRAGGLER.change_persistence,
-        ge=1,
-        description="Windows in a row before a changed rank is named",
-    )
-    change_baseline_windows: int = Field(
-        default=_STRAGGLER.change_baseline,
-        ge=1,
-        description="Windows a rank must have run at its usual pace before a change is judged",
-    )
-    fingerprint_steps: int = Field(
-        default=_REPLICAS.interval, ge=1, description="Steps between fingerprint rounds"
-    )
-    recheck_steps: int = Field(
-        default=_REPLICAS.recheck_after,
-        ge=1,
-        description="Steps after an odd round to the re-check that names the replica",
-    )
-    sdc_parameter_share: Share = Field(
-        default=0.5,
-        description="Share of corrupting GPUs whose errors reach their replica's parameters",
-    )
-    probe_steps: int = Field(
-        default=DEFAULT_COMPUTE_INTERVAL,
-        ge=0,
-        description="Steps between compute-probe rounds (0: the jobs run no probe)",
-    )
-    probe_rechecks: int = Field(
-        default=DEFAULT_COMPUTE_RECHECKS,
-        ge=1,
-        description="Re-checks of a probe suspect, recheck_steps apart; one odd names it",
-    )
-    sdc_probe_round_share: Share = Field(
-        default=0.5,
-        description="Chance that one probe round shows a corrupting GPU's wrong passes",
-    )
-    false_verdicts_per_node_day: NonNegative = Field(
-        default=0.0003,
-        description=(
-            "Healthy ranks named slow, per node-day of running jobs (measured:"
-            " bench/in_job_false_verdicts.py)"
-        ),
-    )
-    passive: bool = Field(default=True, description="The agent compares clocks under load")
-
-    @model_validator(mode="after")
-    def _a_judge_the_job_side_takes(self) -> InJob:
-        # The job-side judge's own rules (change_ratio at most ratio, and so on).
-        StragglerPolicy(
-            ratio=self.ratio,
-            persistence=self.persistence_windows,
-            change_ratio=self.change_ratio,
-            change_persistence=self.change_persistence_windows,
-            change_baseline=self.change_baseline_windows,
-        )
-        return self
-
-
-class Attribution(_Strict):
-    """How well the gpuguard run's attribution of job interruptions works (the real
-    ``remediation.attribution`` decides the channel; these say how often it is in time)."""
-
-    coverage: Share = Field(
-        default=0.95,
-        description="Share of interruptions attributed to the infrastructure that are marked"
-        " before the Job controller counts them",
-    )
-    error_rate: Share = Field(
-        default=0.02, description="Share of a job's own failures wrongly attributed"
-    )
-    signature_share: Share = Field(
-        default=0.3,
-        description="Share of interruptions with no node signal whose termination message"
-        " carries a known NCCL or CUDA signature",
-    )
-
-
-class Actions(_Strict):
+class Actions(Strict):
     drain_min: NonNegative = 1.5
     gpu_reset_s: Positive = 70.0
     reboot_min: Positive = 10.0
     failure_probability: Share = Field(default=0.02, description="An action itself fails")
 
 
-class JobSize(_Strict):
+class JobSize(Strict):
     nodes: int = Field(ge=1)
     share: Positive = Field(description="Share of the node-hours (normalised over the mix)")
     hours: tuple[Positive, Positive] = Field(description="Work, log-uniform between the two")
@@ -333,7 +166,7 @@ DEFAULT_MIX = (
 )
 
 
-class Jobs(_Strict):
+class Jobs(Strict):
     utilisation: Share = Field(default=0.85, description="Share of slots the workload asks for")
     mix: tuple[JobSize, ...] = Field(default=DEFAULT_MIX, min_length=1)
     checkpoint_interval_min: Positive = 60.0
@@ -356,7 +189,7 @@ class Jobs(_Strict):
     )
 
 
-class Scenario(_Strict):
+class Scenario(Strict):
     name: str = "custom"
     days: Positive = Field(default=365.0, description="Simulated days that are measured")
     warmup_days: NonNegative = Field(
@@ -372,7 +205,8 @@ class Scenario(_Strict):
     attribution: Attribution = Attribution()
     actions: Actions = Actions()
     jobs: Jobs = Jobs()
-    gpuguard_policy: dict[str, Any] = Field(
+    # Validated as a remediation policy when the gpuguard run starts (``run.remediation_policy``).
+    gpuguard_policy: dict[str, object] = Field(
         default_factory=dict, description="Remediation policy for the gpuguard run"
     )
 
@@ -390,17 +224,22 @@ class Scenario(_Strict):
         """Days the run simulates: the warm-up, then the measured days."""
         return self.warmup_days + self.days
 
-    def with_overrides(self, **changes: Any) -> Scenario:
-        """A copy with ``seed``, ``days``, ``warmup_days`` or ``nodes`` replaced."""
+    def with_overrides(
+        self,
+        *,
+        seed: int | None = None,
+        days: float | None = None,
+        warmup_days: float | None = None,
+        nodes: int | None = None,
+    ) -> Scenario:
+        """A copy with ``seed``, ``days``, ``warmup_days`` or ``nodes`` replaced (None: kept)."""
         data = self.model_dump(by_alias=True)
-        for key, value in changes.items():
-            if value is None:
-                continue
-            if key == "nodes":
-                data["fleet"]["nodes"] = value
-                data["jobs"]["mix"] = _mix_for_fleet(data["jobs"]["mix"], value)
-            else:
-                data[key] = value
+        top = {"seed": seed, "days": days, "warmup_days": warmup_days}
+        data.update({key: value for key, value in top.items() if value is not None})
+        if nodes is not None:
+            data["fleet"]["nodes"] = nodes
+            mix = _mix_for_fleet(self.jobs.mix, nodes)
+            data["jobs"]["mix"] = [size.model_dump(by_alias=True) for size in mix]
         return build_scenario(data, origin="command line")
 
     def mix_summary(self) -> str:
@@ -414,15 +253,17 @@ class Scenario(_Strict):
         )
 
 
-def _mix_for_fleet(mix: list[dict[str, Any]], nodes: int) -> list[dict[str, Any]]:
+def _mix_for_fleet(mix: tuple[JobSize, ...], nodes: int) -> tuple[JobSize, ...]:
     """The mix scaled to a fleet of ``nodes`` when its largest job would take more than half
     of it (a gang job of the whole fleet never runs while a node is out): every size by
     the same factor, so the mix keeps its shape relative to the fleet."""
-    largest = max(int(size["nodes"]) for size in mix)
+    largest = max(size.nodes for size in mix)
     if nodes < 1 or largest <= max(1, nodes // 2):
         return mix
     factor = max(1, nodes // 2) / largest
-    return [{**size, "nodes": max(1, int(size["nodes"] * factor))} for size in mix]
+    return tuple(
+        size.model_copy(update={"nodes": max(1, int(size.nodes * factor))}) for size in mix
+    )
 
 
 _SECTIONS: dict[str, type[BaseModel]] = {
@@ -451,7 +292,7 @@ def _model_at(loc: list[str]) -> type[BaseModel]:
     return _SECTIONS.get(loc[0], Scenario)
 
 
-def build_scenario(data: dict[str, Any], origin: str) -> Scenario:
+def build_scenario(data: Mapping[str, object], origin: str) -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:

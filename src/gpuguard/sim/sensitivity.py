@@ -12,10 +12,9 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from gpuguard.remediation.policy import Policy
-from gpuguard.sim.report import interval_text
+from gpuguard.sim.formatting import interval_text
 from gpuguard.sim.results import PolicyResult
 from gpuguard.sim.run import POLICIES, simulate
 from gpuguard.sim.scenario import Scenario, build_scenario
@@ -25,7 +24,7 @@ from gpuguard.sim.sweep import Interval
 @dataclass(frozen=True)
 class Change:
     label: str
-    sections: dict[str, dict[str, Any]]  # scenario section -> keys it sets
+    sections: dict[str, dict[str, float | None]]  # scenario section -> keys it sets
 
 
 BASE = Change("base (the scenario as given)", {})

@@ -4,10 +4,9 @@ of the machine in it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuguard.sim.agent_view import DeepFinding
-from gpuguard.sim.faults import Effect, Fault
+from gpuguard.sim.faults import Effect, Fault, Signal
 from gpuguard.sim.in_job_findings import InJobFinding
 from gpuguard.sim.jobs import Job
 
@@ -24,7 +23,8 @@ class Slot:
     silent: bool = False  # the machine crashes jobs with no node signal (a hidden lemon)
     faults: dict[int, Fault] = field(default_factory=dict)
     kernel: list[tuple[int, str, float, bool]] = field(default_factory=list)
-    checked: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    # What the agent's periodic checks read, by fault: (signal, GPU or NIC index).
+    checked: dict[int, tuple[Signal, int]] = field(default_factory=dict)
     job: Job | None = None
     down: str = ""  # "reset", "reboot", "manual": an action holds the node
     testing: bool = False  # the deep suite is loading every GPU

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from gpuguard.errors import ConfigError
-from gpuguard.sim.faults import DAY, LOCI, Fault, Fix, Locus, Signal, fault_from_record
+from gpuguard.sim.fault_stream import fault_from_record
+from gpuguard.sim.faults import DAY, LOCI, Fault, Fix, Locus, Signal
 from gpuguard.sim.scenario import Scenario
 
 # Trace class -> (simulator fault class, the signal when the class's own draw would not
