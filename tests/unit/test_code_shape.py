@@ -18,20 +18,12 @@ LONG_MODULES = {
     "gpuguard/checks/dcgm/diag.py": 404,
     "gpuguard/config.py": 418,
     "gpuguard/checks/network/check.py": 421,
-    "gpuguard/sim/faults.py": 421,
-    "gpuguard/sim/report.py": 453,
     "gpuguard/remediation/policy.py": 465,
-    "gpuguard/sim/scenario.py": 472,
-    "gpuguard/sim/results.py": 511,
     "gpuguard/checks/gpu_facts.py": 517,
     "gpuguard/remediation/lifecycle.py": 530,
 }
 LONG_FUNCTIONS = {
     "gpuguard/checks/load/measure.py:_compute": 62,
-    "gpuguard/sim/report.py:targets": 68,
-    "gpuguard/sim/faults.py:generate_faults": 78,
-    "gpuguard/sim/report.py:_rows": 85,
-    "gpuguard/sim/results.py:summarise": 92,
     "gpuguard/remediation/decide.py:decide": 93,
     "gpuguard/cli.py:build_parser": 112,
 }
