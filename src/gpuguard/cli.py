@@ -49,6 +49,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="check this node (or a captured bundle) through every diagnostic layer",
         epilog="exit status: 0 Healthy, 1 Degraded, 2 Unhealthy, 3 Unknown, 64 usage error",
     )
+    _add_check_arguments(check)
+
+    agent = commands.add_parser(
+        "agent",
+        help="watch this node continuously and publish its health as Node conditions",
+        epilog="environment: NODE_NAME names the Node when --node-name is not given",
+    )
+    _add_agent_arguments(agent)
+
+    controller = commands.add_parser(
+        "controller", help="remediate the fleet's sick nodes (leader-elected Deployment)"
+    )
+    add_controller_arguments(controller)
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="simulate a GPU fleet under no remediation, a reactive setup and gpuguard",
+    )
+    add_simulate_arguments(simulate)
+
+    bundle = commands.add_parser("bundle", help="capture diagnostics for offline triage")
+    _add_bundle_commands(bundle)
+
+    run = commands.add_parser(
+        "run",
+        help="run a training job; restart it after interruptions, stop a crash loop",
+        description="Run a training job; restart it after interruptions.",
+    )
+    add_run_arguments(run)
+
+    cleanup = commands.add_parser(
+        "cleanup",
+        help="take gpuguard's conditions, taint, cordon and annotations off the Nodes "
+        "(a dry run unless --apply; the chart runs it on uninstall)",
+    )
+    add_cleanup_arguments(cleanup)
+
+    xid = commands.add_parser("xid", help="explain an Xid code and what gpuguard does about it")
+    xid.add_argument("code", type=int, metavar="N", help="the Xid number, as in 'Xid (...): 79'")
+    return parser
+
+
+def _add_check_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--bundle", type=Path, metavar="DIR", help="inspect a captured bundle offline"
     )
@@ -83,11 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.add_argument("-v", "--verbose", action="store_true", help="list informational findings")
 
-    agent = commands.add_parser(
-        "agent",
-        help="watch this node continuously and publish its health as Node conditions",
-        epilog="environment: NODE_NAME names the Node when --node-name is not given",
-    )
+
+def _add_agent_arguments(agent: argparse.ArgumentParser) -> None:
     agent.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
@@ -111,18 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="no Kubernetes: run every check once, print the conditions as JSON, exit",
     )
 
-    controller = commands.add_parser(
-        "controller", help="remediate the fleet's sick nodes (leader-elected Deployment)"
-    )
-    add_controller_arguments(controller)
 
-    simulate = commands.add_parser(
-        "simulate",
-        help="simulate a GPU fleet under no remediation, a reactive setup and gpuguard",
-    )
-    add_simulate_arguments(simulate)
-
-    bundle = commands.add_parser("bundle", help="capture diagnostics for offline triage")
+def _add_bundle_commands(bundle: argparse.ArgumentParser) -> None:
     bundle_commands = bundle.add_subparsers(
         dest="bundle_command", required=True, parser_class=_Parser
     )
@@ -133,24 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     bundle_collect.add_argument(
         "--config", type=Path, metavar="FILE", help="YAML configuration file"
     )
-
-    run = commands.add_parser(
-        "run",
-        help="run a training job; restart it after interruptions, stop a crash loop",
-        description="Run a training job; restart it after interruptions.",
-    )
-    add_run_arguments(run)
-
-    cleanup = commands.add_parser(
-        "cleanup",
-        help="take gpuguard's conditions, taint, cordon and annotations off the Nodes "
-        "(a dry run unless --apply; the chart runs it on uninstall)",
-    )
-    add_cleanup_arguments(cleanup)
-
-    xid = commands.add_parser("xid", help="explain an Xid code and what gpuguard does about it")
-    xid.add_argument("code", type=int, metavar="N", help="the Xid number, as in 'Xid (...): 79'")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,15 +6,16 @@ Errors name the bad key and the file, so a typo in a fleet-wide config is found 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuguard.errors import ConfigError
-from gpuguard.files import read_text_file
+
+# Named here too: the policy, figure-table and scenario loaders import it with describe_invalid.
+from gpuguard.files import read_yaml_mapping as read_yaml_mapping
 
 DEFAULT_TIMEOUT_S = 10.0
 DEEP_CHECK_PREFIX = "deep-"
@@ -318,14 +319,14 @@ class Config(BaseModel):
     def interval_for(self, check: str) -> float:
         return self.check_intervals.get(check, self.check_interval_s)
 
-    def with_overrides(self, **overrides: Any) -> Config:
+    def with_overrides(self, **overrides: object) -> Config:
         """A copy with the non-``None`` overrides applied and validated (CLI flags win)."""
         merged = self.model_dump()
         merged.update({k: v for k, v in overrides.items() if v is not None})
         return build_config(merged, origin="command line")
 
 
-def build_config(data: dict[str, Any], origin: str) -> Config:
+def build_config(data: Mapping[str, object], origin: str) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -350,38 +351,6 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
     return build_config(read_yaml_mapping(path, "config"), origin=str(path))
-
-
-def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    """A YAML file that must hold a mapping (an empty file is an empty one)."""
-    text = read_text_file(path, what)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"{_yaml_where(path, exc)}: not valid YAML: {_yaml_problem(exc)}"
-        ) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{path}: expected a mapping of keys to values, got {type(data).__name__}"
-        )
-    return data
-
-
-def _yaml_where(path: Path, exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """The YAML error's own words without its position in ``<unicode string>``."""
-    problem = getattr(exc, "problem", None)
-    context = getattr(exc, "context", None)
-    if problem is None:
-        return str(exc).splitlines()[0]
-    return f"{context}, {problem}" if context else str(problem)
 
 
 def _nearest(key: str, model: type[BaseModel]) -> str:

@@ -65,7 +65,8 @@ from gpuguard.remediation.model import (
     Phase,
     Step,
 )
-from gpuguard.remediation.policy import Breaker, Budget, Policy, build_policy, load_policy
+from gpuguard.remediation.policy import Policy, build_policy, load_policy
+from gpuguard.remediation.policy_sections import Breaker, Budget
 from tests.support.clock import FakeClock
 from tests.support.cluster import install_crds, make_pod, wait_for
 from tests.support.controlplane import REPO, ControlPlane

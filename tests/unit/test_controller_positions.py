@@ -16,7 +16,7 @@ from gpuguard.controller.observe import (
 from gpuguard.controller.position_faults import condition_status, message
 from gpuguard.controller.positions import POSITION_SHARED, POSITION_UNKNOWN, Positions
 from gpuguard.remediation.model import Episode
-from gpuguard.remediation.policy import DEFAULT_POSITION_LABELS
+from gpuguard.remediation.policy_sections import DEFAULT_POSITION_LABELS
 from tests.support.metrics import sample
 
 GKE = DEFAULT_POSITION_LABELS[1]

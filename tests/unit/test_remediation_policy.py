@@ -10,7 +10,8 @@ from gpuguard.errors import ConfigError
 from gpuguard.model import Action
 from gpuguard.remediation.breaker import next_breaker
 from gpuguard.remediation.model import BreakerState
-from gpuguard.remediation.policy import Breaker, Budget, Policy, load_policy
+from gpuguard.remediation.policy import Policy, load_policy
+from gpuguard.remediation.policy_sections import Breaker, Budget
 from tests.unit.remediation_builders import T0, episode, fleet, kinds, node, run, unknown
 
 
@@ -178,7 +179,7 @@ def test_every_code_the_checks_emit_has_the_shape_tolerances_accept():
 
     import gpuguard.checks.registry  # noqa: F401  (every check's rule table)
     from gpuguard.checks.rules import Rule
-    from gpuguard.remediation.policy import CODE_SHAPE
+    from gpuguard.remediation.policy_sections import CODE_SHAPE
     from gpuguard.runner import OUTCOME_CODES
 
     codes = {o.code for o in gc.get_objects() if isinstance(o, Rule)} | set(OUTCOME_CODES.values())

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from gpuguard.remediation.model import BreakerState
-from gpuguard.remediation.policy import Breaker
+from gpuguard.remediation.policy_sections import Breaker
 
 
 def next_breaker(

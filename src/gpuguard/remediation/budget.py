@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from gpuguard.model import Action
 from gpuguard.remediation.model import ACTIVE_PHASES, Episode, NodeObservation
-from gpuguard.remediation.policy import Budget
+from gpuguard.remediation.policy_sections import Budget
 
 BUDGETED_RUNGS = (Action.RESET_GPU, Action.REBOOT, Action.REPLACE)
 

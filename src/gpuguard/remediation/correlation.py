@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from gpuguard.contract.conditions import FALSE
 from gpuguard.remediation.model import NodeObservation
-from gpuguard.remediation.policy import Correlation
+from gpuguard.remediation.policy_sections import Correlation
 
 # node -> layer -> why that layer's fault is held
 SharedCauses = dict[str, dict[str, str]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpuguard.remediation.breaker import next_breaker
-from gpuguard.remediation.correlation import shared_causes
+from gpuguard.remediation.correlation import SharedCauses, shared_causes
 from gpuguard.remediation.health import is_healthy, opens_episode, repairable
 from gpuguard.remediation.history import History
 from gpuguard.remediation.lifecycle import PlanBuilder
@@ -61,6 +61,36 @@ def decide(
     """
     shared = shared_causes(nodes, policy.correlation)
     run = PlanBuilder(nodes, episodes, history, breaker, policy, now, population, shared)
+    work, kept = _working_set(nodes, episodes, settled, shared, policy, now)
+    # 1. Quarantine every newly unhealthy node: taints are never limited or paused.
+    opened_now = _quarantine(run, nodes, work)
+    # 2. The breaker counts the episodes just opened: a storm is stopped in its first call.
+    opened = [e.opened_at for e in work.values()] + _opened_in_window(history, policy, now)
+    run.breaker, breaker_notes = next_breaker(
+        breaker,
+        opened,
+        sum(population.values()) if population is not None else len(nodes),
+        policy.breaker,
+        now,
+        reset=breaker_reset,
+    )
+    run.notes.extend(breaker_notes)
+    # 3. Advance every open episode, in node order (budget slots go in that order).
+    _advance(run, nodes, work, kept, opened_now)
+    decisions = [d for name in sorted(run.decisions) for d in run.decisions[name]]
+    return Plan(decisions, dict(sorted(work.items())), run.breaker, run.notes, kept)
+
+
+def _working_set(
+    nodes: Mapping[str, NodeObservation],
+    episodes: Mapping[str, Episode],
+    settled: Mapping[str, Settled] | None,
+    shared: SharedCauses,
+    policy: Policy,
+    now: float,
+) -> tuple[dict[str, Episode], dict[str, Settled]]:
+    """The open episodes this call works on (copies), and those still settled as the
+    previous plan left them (the very objects, not advanced)."""
     kept: dict[str, Settled] = {}
     work: dict[str, Episode] = {}
     for name, episode in sorted(episodes.items()):
@@ -79,30 +109,37 @@ def decide(
             work[name] = episode
         else:
             work[name] = _copy(episode)
+    return work, kept
+
+
+def _quarantine(
+    run: PlanBuilder, nodes: Mapping[str, NodeObservation], work: dict[str, Episode]
+) -> set[str]:
+    """Open an episode for every newly unhealthy node, clear what a healthy one kept of
+    ours; the nodes whose episode opened now."""
     opened_now: set[str] = set()
-    # 1. Quarantine every newly unhealthy node: taints are never limited or paused.
     for name in sorted(nodes):
         node = nodes[name]
         if name in work or not repairable(node):
             continue
-        if opens_episode(node, policy, now) or node.quarantined_for:
+        if opens_episode(node, run.policy, run.now) or node.quarantined_for:
             work[name] = run.open(node)
             opened_now.add(name)
-        elif is_healthy(node, policy, now):
+        elif is_healthy(node, run.policy, run.now):
             run.clear_leftovers(node)
+    return opened_now
 
-    # 2. The breaker counts the episodes just opened: a storm is stopped in its first call.
-    opened = [e.opened_at for e in work.values()] + _opened_in_window(history, policy, now)
-    run.breaker, breaker_notes = next_breaker(
-        breaker,
-        opened,
-        sum(population.values()) if population is not None else len(nodes),
-        policy.breaker,
-        now,
-        reset=breaker_reset,
-    )
-    run.notes.extend(breaker_notes)
-    # 3. Advance every open episode, in node order (budget slots go in that order).
+
+def _advance(
+    run: PlanBuilder,
+    nodes: Mapping[str, NodeObservation],
+    work: Mapping[str, Episode],
+    kept: dict[str, Settled],
+    opened_now: set[str],
+) -> None:
+    """Advance every open episode not settled, and keep as settled each one it left
+    held or untouched."""
+    policy, now = run.policy, run.now
     for name, episode in sorted(work.items()):
         observed = nodes.get(name)
         if name in kept:
@@ -113,17 +150,15 @@ def decide(
         run.advance(episode, observed, restore_taint=name not in opened_now)
         if observed is None or name in run.decisions:
             continue
+        shared = run.shared.get(name, {})
         if name in run.held:
-            kept[name] = Settled(episode, observed, shared.get(name, {}), policy, run.held[name])
+            kept[name] = Settled(episode, observed, shared, policy, run.held[name])
         elif len(episode.steps) == steps and len(run.notes) == notes:
             # Left untouched: only one of its own timers can change that (see ``Settled``),
             # the next one, or one due now that read the other way in floating point.
             until = next_timer(policy, observed, episode, now - TIMER_SLACK_S) - TIMER_SLACK_S
             if until > now:
-                kept[name] = Settled(episode, observed, shared.get(name, {}), policy, "", until)
-
-    decisions = [d for name in sorted(run.decisions) for d in run.decisions[name]]
-    return Plan(decisions, dict(sorted(work.items())), run.breaker, run.notes, kept)
+                kept[name] = Settled(episode, observed, shared, policy, "", until)
 
 
 def _opened_in_window(history: Sequence[Episode], policy: Policy, now: float) -> list[float]:

@@ -53,7 +53,7 @@ def false_layers(node: NodeObservation) -> list[LayerReport]:
 
 
 def is_unhealthy(node: NodeObservation, policy: Policy, now: float) -> bool:
-    """Any layer ``False``, or not ``True`` (Unknown, garbled) for ``unknown_grace_s``."""
+    """Some layer ``False``, or not ``True`` (Unknown, garbled) for ``unknown_grace_s``."""
     return any(
         layer.status == FALSE
         or (layer.status != TRUE and now - layer.since >= policy.unknown_grace_s)
