@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import CLOCK_EVENT_REASONS, GpuFacts, NvLinkFacts, evaluate_gpus
+from gpuguard.checks.load.figures import expected_figures
 from gpuguard.checks.nvidia_smi.common import total
 from gpuguard.checks.xid_catalog import xid_finding
 from gpuguard.errors import CheckError, CheckFailed, ToolMissing
@@ -327,9 +328,8 @@ class NvmlCheck:
                 "NVML reads the live node only; bundles carry nvidia-smi output instead"
             )
         nvml = self._nvml if self._nvml is not None else import_pynvml()
-        findings = evaluate_gpus(
-            read_gpu_facts(nvml), ctx.expectations.gpus, "nvml", ctx.config.deep
-        )
+        figures = expected_figures(ctx.config.deep)
+        findings = evaluate_gpus(read_gpu_facts(nvml), ctx.expectations.gpus, "nvml", figures)
         # A short look: the kernel log check is the full Xid history; this catches new ones.
         window_ms = min(EVENT_WINDOW_MS, int(ctx.timeout_s * 1000 / 10))  # a tenth at most
         try:

@@ -6,6 +6,7 @@ source); a node pool's config replaces any figure of a row (``deep.expected``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -89,6 +90,19 @@ def expected_for(device_name: str, table: FigureTable, deep: DeepChecks) -> GpuF
     if override is not None:
         merged["source"] = f"{merged.get('source') or 'no table row'}; overridden by config"
     return GpuFigures.model_validate(merged)
+
+
+def expected_figures(
+    deep: DeepChecks, table: FigureTable | None = None
+) -> Callable[[str], GpuFigures | None]:
+    """:func:`expected_for` by device name, in one table (the built-in one unless given) with
+    one pool's overrides: the expected figures the GPU-facts rules take."""
+    chosen = builtin_table() if table is None else table
+
+    def figures_for(device_name: str) -> GpuFigures | None:
+        return expected_for(device_name, chosen, deep)
+
+    return figures_for
 
 
 def _find(device_name: str, table: FigureTable) -> tuple[str | None, ModelRow | None]:

@@ -92,7 +92,7 @@ __all__ = [
 ]
 NO_NETWORK_CONFIG = NetworkConfig()
 
-# Error counters whose rise between two samples is a finding. Any rise counts (threshold 1):
+# Error counters whose rise between two samples is a finding. Every rise counts (threshold 1):
 # the samples are about a second apart, and a healthy link makes no errors in that time.
 # Absolute values are not judged: they accumulate over months of uptime (a healthy H100 node
 # shows port_rcv_errors 14), so only the delta says something is wrong now.
