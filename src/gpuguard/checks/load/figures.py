@@ -10,7 +10,6 @@ from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -77,16 +76,20 @@ def expected_for(device_name: str, table: FigureTable, deep: DeepChecks) -> GpuF
     override = deep.expected.get(device_name) or (deep.expected.get(label) if label else None)
     if row is None and override is None:
         return None
-    merged: dict[str, Any] = {"healthy": dict(table.defaults.healthy)}
+    healthy: dict[str, float] = dict(table.defaults.healthy.items())
+    tflops: dict[str, float] | None = None
+    merged: dict[str, object] = {}
     for part in (row, override):
         if part is None:
             continue
         fields = part.model_dump(exclude_unset=True, exclude={"names"})
-        merged["healthy"].update(fields.pop("healthy", {}))
-        tflops = fields.pop("tflops", None)
-        if tflops is not None:
-            merged["tflops"] = {**merged.get("tflops", {}), **tflops}
+        healthy.update(fields.pop("healthy", {}))
+        if (given := fields.pop("tflops", None)) is not None:
+            tflops = {**(tflops or {}), **given}
         merged.update(fields)
+    merged["healthy"] = healthy
+    if tflops is not None:
+        merged["tflops"] = tflops
     if override is not None:
         merged["source"] = f"{merged.get('source') or 'no table row'}; overridden by config"
     return GpuFigures.model_validate(merged)
