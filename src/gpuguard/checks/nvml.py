@@ -18,7 +18,7 @@ from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import CLOCK_EVENT_REASONS, GpuFacts, NvLinkFacts, evaluate_gpus
 from gpuguard.checks.load.figures import expected_figures
 from gpuguard.checks.nvidia_smi.common import total
-from gpuguard.checks.nvml_binding import DeviceHandle, EventSet, FieldValue, Nvml
+from gpuguard.checks.nvml_binding import DeviceHandle, EventSet, FieldValue, Nvml, NvmlSession
 from gpuguard.checks.xid_catalog import xid_finding
 from gpuguard.errors import CheckError, CheckFailed, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Severity, gpu
@@ -108,7 +108,7 @@ def _measure(nvml: Nvml, call: Callable[..., T], *args: object) -> T | None:
 
 
 @contextlib.contextmanager
-def nvml_session(nvml: Nvml) -> Iterator[None]:
+def nvml_session(nvml: NvmlSession) -> Iterator[None]:
     """nvmlInit … nvmlShutdown, with init failures mapped onto the check errors."""
     try:
         nvml.nvmlInit()

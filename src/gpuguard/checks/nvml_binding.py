@@ -41,13 +41,18 @@ class EventData(Protocol):
     eventData: int
 
 
-class Nvml(Protocol):
-    """The ``pynvml`` module, as far as gpuguard uses it."""
+class NvmlSession(Protocol):
+    """What opening and closing an NVML session needs (any narrower view of pynvml has it)."""
 
     NVMLError: type[Exception]
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
+
+
+class Nvml(NvmlSession, Protocol):
+    """The ``pynvml`` module, as far as gpuguard uses it."""
+
     def nvmlDeviceGetCount(self) -> int: ...
     def nvmlDeviceGetHandleByIndex(self, index: int, /) -> DeviceHandle: ...
     def nvmlDeviceGetPciInfo(self, handle: DeviceHandle, /) -> PciInfo: ...
