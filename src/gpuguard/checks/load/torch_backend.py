@@ -135,7 +135,7 @@ class TorchBackend:
         if not distributed.is_available() or not distributed.is_nccl_available():
             raise NotApplicable("this PyTorch has no NCCL")
         ctx = self.torch.multiprocessing.get_context("spawn")
-        results: ReportQueue = ctx.Queue()
+        results = ctx.Queue()
         port = _free_port()
         workers = [
             ctx.Process(
