@@ -20,7 +20,7 @@ from gpuguard.checks.dcgm.check import (
     parse_exporter_metrics,
     parse_health,
 )
-from gpuguard.checks.dcgm.diag import DOCUMENT_KEYS, read_results
+from gpuguard.checks.dcgm.diag_document import DOCUMENT_KEYS, read_results
 from gpuguard.errors import ParseError
 from gpuguard.model import Finding
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gpuguard.checks.gpu_facts import GpuFacts, NvLinkFacts, evaluate_gpus
+from gpuguard.checks.load.figures import expected_figures
 from gpuguard.checks.nvidia_smi.xml_format import parse_smi_xml
 from gpuguard.config import DeepChecks, GpuFigures
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
@@ -53,7 +54,7 @@ def healthy(**changes: object) -> GpuFacts:
 
 
 def judge(facts: GpuFacts, expected_gpus: int | None = None) -> list[Finding]:
-    return evaluate_gpus([facts], expected_gpus, source="test")
+    return evaluate_gpus([facts], expected_gpus, "test", expected_figures(DeepChecks()))
 
 
 def only(findings: list[Finding]) -> Finding:
@@ -256,14 +257,14 @@ def test_cards_wired_at_x8_by_design_are_healthy(capture) -> None:
     # EC2 G5 and G4dn wire these x16 cards at x8: the real captures say "16x" max, "8x" now.
     (facts,) = parse_smi_xml(read_data(capture))
     assert (facts.pcie_width_current, facts.pcie_width_max) == (8, 16)
-    assert "PCIE_WIDTH_DEGRADED" not in {f.code for f in evaluate_gpus([facts], 1, "test")}
+    assert "PCIE_WIDTH_DEGRADED" not in {f.code for f in judge(facts, 1)}
 
 
 def test_a_pool_override_of_the_installed_width_is_honoured() -> None:
     facts = healthy(name="NVIDIA A10G", pcie_width_current=8, pcie_width_max=16)
     wired_x16 = DeepChecks(expected={"NVIDIA A10G": GpuFigures(pcie_width=16)})
     assert judge(facts) == []
-    (finding,) = evaluate_gpus([facts], None, "test", wired_x16)
+    (finding,) = evaluate_gpus([facts], None, "test", expected_figures(wired_x16))
     assert finding.code == "PCIE_WIDTH_DEGRADED"
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.checks import gpu_facts, xid_catalog
+from gpuguard.checks import gpu_rules, xid_catalog
 from gpuguard.checks.dcgm import diag as dcgm_diag
 from gpuguard.checks.dcgm import exporter as dcgm_exporter
 from gpuguard.checks.dcgm import health as dcgm_health
@@ -75,7 +75,7 @@ def _gpu_facts() -> Iterator[Finding]:
         temperature_c=95,
         slowdown_temp_c=87,
         shutdown_temp_c=92,
-        clock_event_reasons=frozenset(gpu_facts.SLOWDOWN_CODES),
+        clock_event_reasons=frozenset(gpu_rules.SLOWDOWN_CODES),
         pcie_gen_current=3,
         pcie_gen_max=5,
         pcie_width_current=8,
@@ -267,7 +267,7 @@ def repairing() -> list[Finding]:
 
 def test_the_producers_cover_their_rule_tables():
     codes = {f.code for f in produced()}
-    tables = {*gpu_facts.RULES, *judge.RULES, *(r.code for r in dcgm_exporter.COUNTER_RULES)}
+    tables = {*gpu_rules.RULES, *judge.RULES, *(r.code for r in dcgm_exporter.COUNTER_RULES)}
     tables |= {r.code for r in dcgm_health.SYSTEM_RULES.values()}
     tables |= {v.code for v in [*dcgm_diag.VERDICTS.values(), *dcgm_diag.ERROR_OVERRIDES.values()]}
     assert tables - codes == set()

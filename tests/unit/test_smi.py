@@ -9,11 +9,12 @@ import pytest
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import evaluate_gpus
+from gpuguard.checks.load.figures import expected_figures
 from gpuguard.checks.nvidia_smi.check import SmiCheck, parse_smi_text, parse_smi_xml
 from gpuguard.checks.nvidia_smi.common import measured, number
 from gpuguard.checks.nvidia_smi.text_format import read_smi_text
 from gpuguard.checks.nvidia_smi.xml_format import read_smi_xml
-from gpuguard.config import Config
+from gpuguard.config import Config, DeepChecks
 from gpuguard.errors import CheckFailed, ParseError, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Severity
 from gpuguard.sources import Artifact, BundleSources, ToolOutput
@@ -178,7 +179,8 @@ def test_whole_capture_file_is_not_one_report() -> None:
 def test_xml_fixture_verdicts(name: str, expected: list[tuple[str, str]]) -> None:
     gpus = parse_smi_xml(read(name))
     assert len(gpus) == 1
-    assert serious(evaluate_gpus(gpus, None, "nvidia-smi")) == expected
+    figures = expected_figures(DeepChecks())
+    assert serious(evaluate_gpus(gpus, None, "nvidia-smi", figures)) == expected
 
 
 def test_v11_throttle_reasons_and_remapped_rows() -> None:

@@ -7,13 +7,19 @@ means "the source could not measure it" (``N/A``, NOT_SUPPORTED); it is never re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
-from gpuguard.checks.load.figures import builtin_table, expected_for
-from gpuguard.checks.rules import Rule, table
+from gpuguard.checks.gpu_rules import (
+    NVLINK_WARNING_COUNTERS,
+    RETIRED_PAGES_LIMIT,
+    ROW_REMAP_UNCORRECTABLE_WARN,
+    SLOWDOWN_CODES,
+    Verdict,
+    verdict,
+)
 from gpuguard.checks.xid_catalog import recovery_rule
-from gpuguard.config import DeepChecks
+from gpuguard.config import GpuFigures
 from gpuguard.model import (
     NODE,
     Action,
@@ -90,231 +96,53 @@ CLOCK_EVENT_REASONS = (
     "display_clock_setting",
 )
 
-# Severity, action and deferral of each finding code, with the reason for the choice.
-RULES: dict[str, Rule] = table(
-    # More GPUs than expected harms nothing (the expectation is stale): see _count_mismatch.
-    Rule(
-        "GPU_COUNT_MISMATCH",
-        Severity.CRITICAL,
-        Action.REBOOT,
-        "fewer GPUs than expected: one fell off the bus or failed to initialise, and a"
-        " reboot re-enumerates the bus",
-    ),
-    Rule(
-        "GPU_NOT_REPORTED",
-        Severity.CRITICAL,
-        Action.REBOOT,
-        "nvidia-smi counts a GPU it does not describe: it could not be queried, which is"
-        " treated like a GPU missing from the expected count",
-    ),
-    Rule(
-        "GPU_LOST",
-        Severity.CRITICAL,
-        Action.REBOOT,
-        "a lost GPU has fallen off the bus; a GPU reset cannot reach it",
-    ),
-    Rule("GPU_RESET_REQUIRED", Severity.CRITICAL, Action.RESET_GPU, "the GPU asks for a reset"),
-    Rule(
-        "GPU_ERROR",
-        Severity.CRITICAL,
-        Action.RESET_GPU,
-        "any other error from the GPU itself: try the least disruptive repair first",
-    ),
-    Rule(
-        "ECC_UNCORRECTABLE_VOLATILE",
-        Severity.CRITICAL,
-        Action.RESET_GPU,
-        "any uncorrectable error since the last reset may have corrupted a job's data",
-    ),
-    Rule(
-        "ROW_REMAP_FAILURE",
-        Severity.CRITICAL,
-        Action.REPLACE,
-        "a failing row that no spare could replace: the memory is beyond in-field repair",
-    ),
-    # Deferred: the failing row is already out of use, so its jobs may finish first.
-    Rule(
-        "ROW_REMAP_PENDING",
-        Severity.CRITICAL,
-        Action.RESET_GPU,
-        "the spare row takes effect only after a reset: no new work until then (DCGM's"
-        " DCGM_FR_PENDING_ROW_REMAP severity is RESET; NVIDIA's recovery action, drain and"
-        " reset)",
-        deferred=True,
-    ),
-    Rule(
-        "REMAP_STATUS_UNAVAILABLE",
-        Severity.INFO,
-        Action.NONE,
-        "NVML cannot read remap state while MIG is on: say it was not measured rather than"
-        " fail every MIG node for good",
-    ),
-    Rule(
-        "ROW_REMAP_UNCORRECTABLE_HIGH",
-        Severity.WARNING,
-        Action.NONE,
-        "DCGM warns at ROW_REMAP_UNCORRECTABLE_WARN remaps: spare rows are running out",
-    ),
-    Rule(
-        "RETIRED_PAGES_PENDING",
-        Severity.WARNING,
-        Action.RESET_GPU,
-        "pre-Ampere page retirement, like a remap, is applied at the next reset",
-        deferred=True,
-    ),
-    Rule(
-        "RETIRED_PAGES_LIMIT",
-        Severity.CRITICAL,
-        Action.REPLACE,
-        "the page-retirement table is (nearly) full: the next weak page cannot be retired,"
-        " so the memory is beyond in-field repair (DCGM fails a GPU here; NVIDIA's maximum"
-        " is 64)",
-    ),
-    Rule(
-        "TEMPERATURE_ABOVE_SLOWDOWN",
-        Severity.WARNING,
-        Action.NONE,
-        "heat is a cooling or workload problem, not a broken GPU: no action on the GPU",
-    ),
-    Rule(
-        "TEMPERATURE_AT_SHUTDOWN",
-        Severity.CRITICAL,
-        Action.NONE,
-        "heat is a cooling or workload problem, not a broken GPU: no action on the GPU",
-    ),
-    *(
-        Rule(
-            code,
-            Severity.WARNING,
-            Action.NONE,
-            "clocks held down to protect the part (power brake is often the PSU or the"
-            " chassis): jobs run slowly, but the GPU is not faulty",
-        )
-        for code in (
-            "CLOCK_HW_SLOWDOWN",
-            "CLOCK_HW_THERMAL_SLOWDOWN",
-            "CLOCK_HW_POWER_BRAKE",
-            "CLOCK_SW_THERMAL_SLOWDOWN",
-        )
-    ),
-    Rule(
-        "PCIE_WIDTH_DEGRADED",
-        Severity.WARNING,
-        Action.NONE,
-        "a link trained narrower than it can may be a seating or riser fault; flag, do not"
-        " repair: some cloud machines wire an x16 GPU at x8 by design (the real A10G and T4"
-        " captures do), and rebooting cannot change that",
-    ),
-    Rule(
-        "PCIE_GEN_BELOW_MAX",
-        Severity.INFO,
-        Action.NONE,
-        "GPUs lower the link generation when idle to save power: informational only",
-    ),
-    Rule("NVLINK_DOWN", Severity.CRITICAL, Action.RESET_GPU, "a reset retrains the link"),
-    Rule(
-        "NVLINK_ERRORS",
-        Severity.INFO,
-        Action.NONE,
-        "corrected errors accumulate on healthy links (see NVLINK_WARNING_COUNTERS for when"
-        " this is raised to WARNING)",
-    ),
-    Rule(
-        "RECOVERY_ACTION_REQUIRED",
-        Severity.CRITICAL,
-        Action.RESET_GPU,
-        "the driver's own verdict; the action text is mapped by xid_catalog.RECOVERY_ACTIONS",
-    ),
-)
-
-# Clock event reasons that mean the hardware or the driver is holding clocks down. Idle,
-# SW power cap, sync boost and the clock settings are normal operation.
-SLOWDOWN_CODES = {
-    "hw_slowdown": "CLOCK_HW_SLOWDOWN",
-    "hw_thermal_slowdown": "CLOCK_HW_THERMAL_SLOWDOWN",
-    "hw_power_brake_slowdown": "CLOCK_HW_POWER_BRAKE",
-    "sw_thermal_slowdown": "CLOCK_SW_THERMAL_SLOWDOWN",
-}
-
-# DCGM's memory health watch warns at this many uncorrectable row remaps.
-ROW_REMAP_UNCORRECTABLE_WARN = 512
-# DCGM_LIMIT_MAX_RETIRED_PAGES: DCGM fails a GPU with this many retired pages (SBE + DBE).
-RETIRED_PAGES_LIMIT = 63
-
-# NVLink counters are cumulative and one snapshot has no rate. CRC, replay and ECC errors
-# are corrected by retransmission and accumulate slowly on healthy links: INFO. A recovery
-# means the link went down and retrained, a counter DCGM requires to stay 0: WARNING (not
-# CRITICAL, since one snapshot cannot tell an old event from an ongoing one).
-NVLINK_WARNING_COUNTERS = frozenset({"recovery"})
+# The figures a GPU model should reach, by the name the GPU reports (``None``: unknown model).
+ExpectedFigures = Callable[[str], GpuFigures | None]
 
 
-@dataclass(frozen=True)
-class _Verdict:
-    """What one rule saw on one GPU, before it is a finding about a component."""
-
-    rule: Rule
-    message: str
-    evidence: str
-
-
-def _verdict(
-    code: str,
-    message: str,
-    evidence: str,
-    severity: Severity | None = None,
-    action: Action | None = None,
-    *,
-    deferred: bool | None = None,
-) -> _Verdict:
-    """A verdict with the code's severity, action and deferral from RULES unless given."""
-    rule = RULES[code]
-    rule = replace(
-        rule,
-        severity=rule.severity if severity is None else severity,
-        action=rule.action if action is None else action,
-        deferred=rule.deferred if deferred is None else deferred,
-    )
-    return _Verdict(rule, message, evidence)
+def no_expected_figures(name: str) -> GpuFigures | None:
+    """No model is known: every link is judged against the card's maximum."""
+    return None
 
 
 def evaluate_gpus(
     facts: list[GpuFacts],
     expected_gpus: int | None,
     source: str,
-    deep: DeepChecks | None = None,
+    figures_for: ExpectedFigures = no_expected_figures,
 ) -> list[Finding]:
     """Every finding the facts support: the GPU count, then GPUs in PCI bus order.
 
     A fact that is ``None`` (not measured) yields no finding of its own, so the report
-    never claims that a check it could not make passed or failed. ``deep`` carries a node
-    pool's overrides of the expected-figure table (the PCIe width a model is installed at).
+    never claims that a check it could not make passed or failed. ``figures_for`` gives a
+    model's expected figures (the PCIe width it is installed at); the caller reads them.
     """
     findings: list[Finding] = []
     if expected_gpus is not None and len(facts) != expected_gpus:
-        verdict = _count_mismatch(len(facts), expected_gpus)
-        findings.append(_finding(verdict, NODE, source))
+        mismatch = _count_mismatch(len(facts), expected_gpus)
+        findings.append(_finding(mismatch, NODE, source))
     for one in sorted(facts, key=lambda f: normalize_pci_bus_id(f.pci_bus_id)):
         component = gpu(one.pci_bus_id, one.uuid)
         for rule in _GPU_RULES:
-            findings.extend(_finding(verdict, component, source) for verdict in rule(one))
-        width = _pcie_width_rule(one, deep or DeepChecks())
-        findings.extend(_finding(verdict, component, source) for verdict in width)
+            findings.extend(_finding(seen, component, source) for seen in rule(one))
+        width = _pcie_width_rule(one, figures_for)
+        findings.extend(_finding(seen, component, source) for seen in width)
     return findings
 
 
-def _finding(verdict: _Verdict, component: Component, source: str) -> Finding:
+def _finding(seen: Verdict, component: Component, source: str) -> Finding:
     prefix = "" if component == NODE else f"{component.id}: "
-    message = prefix + verdict.message
-    return verdict.rule.finding(Layer.GPU, component, source, message, verdict.evidence)
+    message = prefix + seen.message
+    return seen.rule.finding(Layer.GPU, component, source, message, seen.evidence)
 
 
-def _count_mismatch(found: int, expected: int) -> _Verdict:
+def _count_mismatch(found: int, expected: int) -> Verdict:
     evidence = f"gpus_found={found} gpus_expected={expected}"
     if found < expected:
-        return _verdict(
+        return verdict(
             "GPU_COUNT_MISMATCH", f"only {found} of {expected} expected GPUs visible", evidence
         )
-    return _verdict(
+    return verdict(
         "GPU_COUNT_MISMATCH",
         f"{found} GPUs visible, {expected} expected",
         evidence,
@@ -323,62 +151,62 @@ def _count_mismatch(found: int, expected: int) -> _Verdict:
     )
 
 
-def _error_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+def _error_rule(facts: GpuFacts) -> Iterator[Verdict]:
     if facts.error is None:
         return
     word = facts.error.strip().upper().replace(" ", "_")
     evidence = f"error={facts.error}"
     if "LOST" in word:
-        yield _verdict("GPU_LOST", "GPU is lost (off the bus)", evidence)
+        yield verdict("GPU_LOST", "GPU is lost (off the bus)", evidence)
     elif "RESET" in word and "REQUIRE" in word:
-        yield _verdict("GPU_RESET_REQUIRED", "GPU must be reset before use", evidence)
+        yield verdict("GPU_RESET_REQUIRED", "GPU must be reset before use", evidence)
     else:
-        yield _verdict("GPU_ERROR", f"GPU cannot be queried: {facts.error}", evidence)
+        yield verdict("GPU_ERROR", f"GPU cannot be queried: {facts.error}", evidence)
 
 
-def _memory_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+def _memory_rule(facts: GpuFacts) -> Iterator[Verdict]:
     ecc = facts.ecc_uncorrected_volatile
     if ecc is not None and ecc > 0:
-        yield _verdict(
+        yield verdict(
             "ECC_UNCORRECTABLE_VOLATILE",
             f"{ecc} uncorrectable ECC errors since the last reset",
             f"ecc_uncorrected_volatile={ecc}",
         )
     if facts.remap_failure:
-        yield _verdict("ROW_REMAP_FAILURE", "row remapping failed", "remap_failure=True")
+        yield verdict("ROW_REMAP_FAILURE", "row remapping failed", "remap_failure=True")
     if facts.remap_pending:
-        yield _verdict(
+        yield verdict(
             "ROW_REMAP_PENDING", "row remap pending: reset to activate", "remap_pending=True"
         )
     if facts.mig_enabled and facts.remap_pending is None and facts.remap_failure is None:
-        yield _verdict(
+        yield verdict(
             "REMAP_STATUS_UNAVAILABLE",
             "row remap status not measured (unreadable with MIG enabled)",
             "mig_enabled=True remap_pending=None remap_failure=None",
         )
     remapped = facts.remap_uncorrectable
     if remapped is not None and remapped >= ROW_REMAP_UNCORRECTABLE_WARN:
-        yield _verdict(
+        yield verdict(
             "ROW_REMAP_UNCORRECTABLE_HIGH",
             f"{remapped} rows remapped for uncorrectable errors: spares running out",
             f"remap_uncorrectable={remapped}",
         )
     if facts.retired_pages_pending:
-        yield _verdict(
+        yield verdict(
             "RETIRED_PAGES_PENDING",
             "page retirement pending: reset to apply",
             "retired_pages_pending=True",
         )
     retired = facts.retired_pages
     if retired is not None and retired >= RETIRED_PAGES_LIMIT:
-        yield _verdict(
+        yield verdict(
             "RETIRED_PAGES_LIMIT",
             f"{retired} pages retired: the retirement table has no room left",
             f"retired_pages={retired}",
         )
 
 
-def _thermal_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+def _thermal_rule(facts: GpuFacts) -> Iterator[Verdict]:
     # "At or past the threshold" on either scale: absolute degrees, or the T.Limit margin
     # (which shrinks as the GPU warms). Only the worse finding is reported.
     temperature, margin = facts.temperature_c, facts.tlimit_margin_c
@@ -397,62 +225,62 @@ def _thermal_rule(facts: GpuFacts) -> Iterator[_Verdict]:
     if _reached(temperature, facts.shutdown_temp_c) or _reached_margin(
         margin, facts.shutdown_tlimit_c
     ):
-        yield _verdict("TEMPERATURE_AT_SHUTDOWN", "temperature at shutdown threshold", evidence)
+        yield verdict("TEMPERATURE_AT_SHUTDOWN", "temperature at shutdown threshold", evidence)
     elif _reached(temperature, facts.slowdown_temp_c) or _reached_margin(
         margin, facts.slowdown_tlimit_c
     ):
-        yield _verdict(
+        yield verdict(
             "TEMPERATURE_ABOVE_SLOWDOWN", "temperature at or above slowdown threshold", evidence
         )
 
 
-def _clock_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+def _clock_rule(facts: GpuFacts) -> Iterator[Verdict]:
     evidence = "clock_event_reasons=" + ",".join(sorted(facts.clock_event_reasons))
     for reason, code in SLOWDOWN_CODES.items():
         if reason in facts.clock_event_reasons:
             message = f"clocks held down: {reason.replace('_', ' ')} active"
-            yield _verdict(code, message, evidence)
+            yield verdict(code, message, evidence)
 
 
-def _pcie_width_rule(facts: GpuFacts, deep: DeepChecks) -> Iterator[_Verdict]:
-    """The link's width against the width the model is installed at (the expected-figure
-    table, or the pool's ``deep.expected``), else against the card's maximum.
+def _pcie_width_rule(facts: GpuFacts, figures_for: ExpectedFigures) -> Iterator[Verdict]:
+    """The link's width against the width the model is installed at (its expected figures),
+    else against the card's maximum.
 
     Some machines wire an x16 card at x8 by design (the A10G in EC2 G5, the T4 in G4dn):
     judged against the card's maximum, every such node would be Degraded for good.
     """
     width, width_max = facts.pcie_width_current, facts.pcie_width_max
-    figures = expected_for(facts.name, builtin_table(), deep) if facts.name else None
+    figures = figures_for(facts.name) if facts.name else None
     expected = figures.pcie_width if figures and figures.pcie_width else width_max
     if width is not None and expected is not None and width < expected:
         against = f"the x{expected} {facts.name} is installed at" if figures else "the card's"
-        yield _verdict(
+        yield verdict(
             "PCIE_WIDTH_DEGRADED",
             f"PCIe link runs at x{width}, below {against} x{expected}",
             f"pcie_width_current={width} pcie_width_max={width_max} pcie_width_expected={expected}",
         )
 
 
-def _pcie_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+def _pcie_rule(facts: GpuFacts) -> Iterator[Verdict]:
     gen, gen_max = facts.pcie_gen_current, facts.pcie_gen_max
     if gen is not None and gen_max is not None and gen < gen_max:
-        yield _verdict(
+        yield verdict(
             "PCIE_GEN_BELOW_MAX",
             f"PCIe link at Gen{gen} of Gen{gen_max} (normal when idle)",
             f"pcie_gen_current={gen} pcie_gen_max={gen_max}",
         )
 
 
-def _nvlink_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+def _nvlink_rule(facts: GpuFacts) -> Iterator[Verdict]:
     for link in sorted(facts.nvlinks, key=lambda nvlink: nvlink.link):
         if link.active is False:
-            yield _verdict(
+            yield verdict(
                 "NVLINK_DOWN", f"NVLink {link.link} is down", f"link={link.link} active=False"
             )
         counted = {name: count for name, count in sorted(link.errors.items()) if count > 0}
         if counted:
             warn = any(name in NVLINK_WARNING_COUNTERS for name in counted)
-            yield _verdict(
+            yield verdict(
                 "NVLINK_ERRORS",
                 f"NVLink {link.link} error counters are non-zero",
                 f"link={link.link} " + " ".join(f"{name}={n}" for name, n in counted.items()),
@@ -460,11 +288,11 @@ def _nvlink_rule(facts: GpuFacts) -> Iterator[_Verdict]:
             )
 
 
-def _recovery_rule(facts: GpuFacts) -> Iterator[_Verdict]:
+def _recovery_rule(facts: GpuFacts) -> Iterator[Verdict]:
     if facts.recovery_action is not None:
-        verdict = _recovery_verdict(facts.recovery_action)
-        if verdict is not None:
-            yield verdict
+        driver_says = _recovery_verdict(facts.recovery_action)
+        if driver_says is not None:
+            yield driver_says
     for name, value in (
         ("reset_required", facts.reset_required),
         ("drain_and_reset_recommended", facts.drain_and_reset_recommended),
@@ -472,10 +300,10 @@ def _recovery_rule(facts: GpuFacts) -> Iterator[_Verdict]:
         if value:
             message = f"the driver reports {name.replace('_', ' ')}"
             deferred = name == "drain_and_reset_recommended"
-            yield _verdict("RECOVERY_ACTION_REQUIRED", message, f"{name}=True", deferred=deferred)
+            yield verdict("RECOVERY_ACTION_REQUIRED", message, f"{name}=True", deferred=deferred)
 
 
-def _recovery_verdict(text: str) -> _Verdict | None:
+def _recovery_verdict(text: str) -> Verdict | None:
     if text.strip().lower() == "none":
         return None
     evidence = f"recovery_action={text}"
@@ -483,12 +311,12 @@ def _recovery_verdict(text: str) -> _Verdict | None:
     if known is None:
         # An action this version does not know: fail the GPU, but do not guess a repair.
         message = f"the driver asks for an unknown recovery action '{text}'"
-        return _verdict("RECOVERY_ACTION_REQUIRED", message, evidence, action=Action.NONE)
+        return verdict("RECOVERY_ACTION_REQUIRED", message, evidence, action=Action.NONE)
     message = f"the driver's recovery action is '{text}'"
     # The driver's "Drain and Reset" (R570+) is a deferred repair (as ROW_REMAP_PENDING), in
     # its own words; its "Drain P2P" asks for the processes doing peer-to-peer traffic to
     # end now.
-    return _verdict(
+    return verdict(
         "RECOVERY_ACTION_REQUIRED",
         message,
         evidence,

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.gpu_facts import CLOCK_EVENT_REASONS, GpuFacts, NvLinkFacts, evaluate_gpus
+from gpuguard.checks.load.figures import expected_figures
 from gpuguard.checks.nvidia_smi.common import total
+from gpuguard.checks.nvml_binding import DeviceHandle, EventSet, FieldValue, Nvml, NvmlSession
 from gpuguard.checks.xid_catalog import xid_finding
 from gpuguard.errors import CheckError, CheckFailed, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Severity, gpu
@@ -95,7 +97,7 @@ def _raise_if_fatal(exc: BaseException) -> None:
         raise DeviceUnusable(word) from exc
 
 
-def _measure(nvml: Any, call: Callable[..., T], *args: Any) -> T | None:
+def _measure(nvml: Nvml, call: Callable[..., T], *args: object) -> T | None:
     """One NVML call: its value, ``None`` when unmeasurable, DeviceUnusable when fatal."""
     try:
         return call(*args)
@@ -106,7 +108,7 @@ def _measure(nvml: Any, call: Callable[..., T], *args: Any) -> T | None:
 
 
 @contextlib.contextmanager
-def nvml_session(nvml: Any) -> Iterator[None]:
+def nvml_session(nvml: NvmlSession) -> Iterator[None]:
     """nvmlInit … nvmlShutdown, with init failures mapped onto the check errors."""
     try:
         nvml.nvmlInit()
@@ -126,7 +128,7 @@ def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def read_gpu_facts(nvml: Any) -> list[GpuFacts]:
+def read_gpu_facts(nvml: Nvml) -> list[GpuFacts]:
     """What NVML can read about every GPU it enumerates."""
     with nvml_session(nvml):
         try:
@@ -136,7 +138,7 @@ def read_gpu_facts(nvml: Any) -> list[GpuFacts]:
         return [_read_device(nvml, index) for index in range(count)]
 
 
-def _read_device(nvml: Any, index: int) -> GpuFacts:
+def _read_device(nvml: Nvml, index: int) -> GpuFacts:
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
     except nvml.NVMLError as exc:
@@ -150,7 +152,7 @@ def _read_device(nvml: Any, index: int) -> GpuFacts:
     return facts
 
 
-def _fill_facts(nvml: Any, handle: Any, facts: GpuFacts) -> None:
+def _fill_facts(nvml: Nvml, handle: DeviceHandle, facts: GpuFacts) -> None:
     """Read into ``facts`` in place, so a GPU lost midway keeps what was already read."""
     pci = _measure(nvml, nvml.nvmlDeviceGetPciInfo, handle)
     if pci is not None:
@@ -192,7 +194,7 @@ def _fill_facts(nvml: Any, handle: Any, facts: GpuFacts) -> None:
     _fill_recovery(nvml, handle, facts)
 
 
-def _fill_thermal(nvml: Any, handle: Any, facts: GpuFacts) -> None:
+def _fill_thermal(nvml: Nvml, handle: DeviceHandle, facts: GpuFacts) -> None:
     temperature = _measure(nvml, nvml.nvmlDeviceGetTemperature, handle, NVML_TEMPERATURE_GPU)
     slowdown = _measure(
         nvml, nvml.nvmlDeviceGetTemperatureThreshold, handle, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
@@ -210,7 +212,7 @@ def clock_event_names(bitmask: int) -> frozenset[str]:
     return frozenset(name for bit, name in enumerate(CLOCK_EVENT_REASONS) if bitmask >> bit & 1)
 
 
-def _read_nvlinks(nvml: Any, handle: Any) -> list[NvLinkFacts]:
+def _read_nvlinks(nvml: Nvml, handle: DeviceHandle) -> list[NvLinkFacts]:
     links: list[NvLinkFacts] = []
     for link in range(NVML_NVLINK_MAX_LINKS):
         try:
@@ -230,7 +232,7 @@ def _read_nvlinks(nvml: Any, handle: Any) -> list[NvLinkFacts]:
     return links
 
 
-def _fill_recovery(nvml: Any, handle: Any, facts: GpuFacts) -> None:
+def _fill_recovery(nvml: Nvml, handle: DeviceHandle, facts: GpuFacts) -> None:
     fields = (
         NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
         NVML_FI_DEV_RESET_STATUS,
@@ -253,14 +255,14 @@ def _fill_recovery(nvml: Any, handle: Any, facts: GpuFacts) -> None:
         facts.drain_and_reset_recommended = bool(drain)
 
 
-def _field_value(value: Any) -> int | None:
+def _field_value(value: FieldValue) -> int | None:
     """The integer in a c_nvmlFieldValue_t, from the union member its valueType names."""
     if not 0 <= value.valueType < len(_VALUE_MEMBERS):
         return None
     return int(getattr(value.value, _VALUE_MEMBERS[value.valueType]))
 
 
-def read_xid_events(nvml: Any, wait_ms: int) -> list[tuple[str, int]]:
+def read_xid_events(nvml: Nvml, wait_ms: int) -> list[tuple[str, int]]:
     """(PCI bus id, Xid) for each critical Xid event raised within ``wait_ms``."""
     with nvml_session(nvml):
         try:
@@ -276,7 +278,7 @@ def read_xid_events(nvml: Any, wait_ms: int) -> list[tuple[str, int]]:
                 nvml.nvmlEventSetFree(event_set)
 
 
-def _register_xid_events(nvml: Any, event_set: Any) -> int:
+def _register_xid_events(nvml: Nvml, event_set: EventSet) -> int:
     """Registers every GPU that supports Xid events; returns how many did."""
     try:
         count = nvml.nvmlDeviceGetCount()
@@ -294,7 +296,7 @@ def _register_xid_events(nvml: Any, event_set: Any) -> int:
     return registered
 
 
-def _wait_for_events(nvml: Any, event_set: Any, wait_ms: int) -> list[tuple[str, int]]:
+def _wait_for_events(nvml: Nvml, event_set: EventSet, wait_ms: int) -> list[tuple[str, int]]:
     events: list[tuple[str, int]] = []
     deadline = time.monotonic() + wait_ms / 1000
     while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
@@ -318,7 +320,7 @@ class NvmlCheck:
     name: ClassVar[str] = "nvml"
     layer: ClassVar[Layer] = Layer.GPU
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Nvml | None = None) -> None:
         self._nvml = nvml
 
     def run(self, ctx: CheckContext) -> list[Finding]:
@@ -327,9 +329,8 @@ class NvmlCheck:
                 "NVML reads the live node only; bundles carry nvidia-smi output instead"
             )
         nvml = self._nvml if self._nvml is not None else import_pynvml()
-        findings = evaluate_gpus(
-            read_gpu_facts(nvml), ctx.expectations.gpus, "nvml", ctx.config.deep
-        )
+        figures = expected_figures(ctx.config.deep)
+        findings = evaluate_gpus(read_gpu_facts(nvml), ctx.expectations.gpus, "nvml", figures)
         # A short look: the kernel log check is the full Xid history; this catches new ones.
         window_ms = min(EVENT_WINDOW_MS, int(ctx.timeout_s * 1000 / 10))  # a tenth at most
         try:
@@ -349,9 +350,10 @@ def _events_unavailable(reason: str) -> Finding:
     return Finding(Layer.GPU, code, Severity.INFO, Action.NONE, NODE, "nvml-events", message)
 
 
-def import_pynvml() -> Any:
+def import_pynvml() -> Nvml:
     try:
         import pynvml
     except ImportError:
         raise ToolMissing("pynvml is not installed (pip install nvidia-ml-py)") from None
-    return pynvml
+    binding: Nvml = pynvml
+    return binding

@@ -42,28 +42,22 @@ result are info; skipped tests are one info finding per test.
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 
-from gpuguard.checks.dcgm.common import (
-    JsonObject,
-    dcgm_entity,
-    describe_exit,
-    expect_list,
-    expect_object,
-    expect_str,
-    int_text,
-    load_dcgmi_json,
-    small_int,
+from gpuguard.checks.dcgm.common import describe_exit, load_dcgmi_json
+from gpuguard.checks.dcgm.diag_document import (
+    SOURCE,
+    DiagWarning,
+    EntityResult,
+    diagnostic_body,
+    read_results,
+    runtime_error,
 )
 from gpuguard.checks.rules import Rule
 from gpuguard.errors import ParseError
-from gpuguard.model import CHECK_FAILED, NODE, Action, Component, Finding, Layer, Severity
-
-SOURCE = "dcgmi diag"
-DOCUMENT_KEYS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")  # DCGM 4, DCGM 3
+from gpuguard.model import CHECK_FAILED, NODE, Action, Finding, Layer, Severity
 
 
 @dataclass(frozen=True)
@@ -123,43 +117,6 @@ ERROR_OVERRIDES: dict[int, Rule] = {
     ),
 }
 
-# Status words, case-folded, to their canonical form.
-_STATUSES = {
-    "pass": "pass",
-    "passed": "pass",
-    "fail": "fail",
-    "failed": "fail",
-    "failure": "fail",
-    "warn": "warn",
-    "warning": "warn",
-    "skip": "skip",
-    "skipped": "skip",
-    "not run": "skip",
-}
-
-
-@dataclass(frozen=True)
-class DiagWarning:
-    text: str
-    error_id: int | None = None
-    severity_value: int | None = None
-
-
-@dataclass(frozen=True)
-class EntityResult:
-    """One test's verdict for one entity (``NODE`` when the document names none)."""
-
-    test: str
-    component: Component
-    word: str
-    warnings: tuple[DiagWarning, ...] = ()
-    evidence: str = ""
-
-    @property
-    def status(self) -> str | None:
-        """``pass``/``fail``/``warn``/``skip``, or ``None`` for a word we do not know."""
-        return _STATUSES.get(self.word.strip().casefold())
-
 
 @dataclass
 class _Tally:
@@ -182,23 +139,21 @@ def error_codes() -> dict[int, ErrorCode]:
 def parse_diag(text: str, exit_code: int) -> list[Finding]:
     """Findings from one ``dcgmi diag -j`` run; raises ParseError unless it is a full document."""
     document = load_dcgmi_json(text, SOURCE)
-    body = _diagnostic_body(document)
-    runtime_error = _runtime_error(body)
+    body = diagnostic_body(document)
+    stopped = runtime_error(body)
     results = read_results(body)
-    if not results and runtime_error is None:
+    if not results and stopped is None:
         raise ParseError(f"{SOURCE}: the document holds no test result (not a pass)")
     tally = _Tally()
-    if runtime_error is not None:
-        message = f"the diagnostic did not finish: {runtime_error}"
-        tally.findings.append(_inconclusive(message, runtime_error))
+    if stopped is not None:
+        message = f"the diagnostic did not finish: {stopped}"
+        tally.findings.append(_inconclusive(message, stopped))
     for result in results:
         _judge(result, tally)
     tally.findings += [_skipped(test, skipped) for test, skipped in tally.skipped.items()]
     if results and all(r.status == "skip" for r in results):
         tally.findings.append(_nothing_tested(len(results)))
-    explained = runtime_error is not None or any(
-        r.status in ("fail", "warn", None) for r in results
-    )
+    explained = stopped is not None or any(r.status in ("fail", "warn", None) for r in results)
     if exit_code != 0 and not explained:
         tally.findings.append(
             _inconclusive(
@@ -208,98 +163,6 @@ def parse_diag(text: str, exit_code: int) -> list[Finding]:
             )
         )
     return tally.findings
-
-
-def read_results(body: JsonObject) -> list[EntityResult]:
-    """Every per-entity result, plus a node-level one where only a test summary speaks."""
-    categories = body.get("test_categories")
-    if categories is None:
-        return []
-    results: list[EntityResult] = []
-    for index, category in enumerate(expect_list(categories, f"{SOURCE}: test_categories")):
-        where = f"{SOURCE}: test_categories[{index}]"
-        tests = expect_object(category, where).get("tests")
-        for test in expect_list(tests, f"{where}.tests"):
-            results += _test_results(expect_object(test, f"{where}.tests[]"))
-    return results
-
-
-def _diagnostic_body(document: JsonObject) -> JsonObject:
-    for key in DOCUMENT_KEYS:
-        if key in document:
-            return expect_object(document[key], f"{SOURCE}: {key}")
-    raise ParseError(f"{SOURCE}: neither {' nor '.join(map(repr, DOCUMENT_KEYS))} in the document")
-
-
-def _runtime_error(body: JsonObject) -> str | None:
-    """The reason the diagnostic stopped, if it says one (an empty string says nothing)."""
-    value = body.get("runtime_error")
-    if value is None:
-        return None
-    return expect_str(value, f"{SOURCE}: runtime_error").strip() or None
-
-
-def _test_results(test: JsonObject) -> list[EntityResult]:
-    name = expect_str(test.get("name"), f"{SOURCE}: test name")
-    where = f"{SOURCE}: test {name!r}"
-    raw_results = test.get("results")
-    results: list[EntityResult] = []
-    for raw in expect_list(raw_results, f"{where}.results") if raw_results is not None else []:
-        results += _entity_results(name, expect_object(raw, f"{where}.results[]"))
-    summary = test.get("test_summary")
-    if summary is None:
-        return results
-    word = expect_str(expect_object(summary, f"{where}.test_summary").get("status"), where)
-    status = _STATUSES.get(word.strip().casefold())
-    # The summary speaks for the node when no entity result does, or when it says worse.
-    failed = any(r.status == "fail" for r in results)
-    if not results or status is None or (status == "fail" and not failed):
-        results.append(EntityResult(name, NODE, word, evidence=_compact(summary)))
-    return results
-
-
-def _entity_results(test: str, raw: JsonObject) -> list[EntityResult]:
-    where = f"{SOURCE}: test {test!r} result"
-    word = expect_str(raw.get("status"), f"{where}.status")
-    warnings = _warnings(raw.get("warnings"), f"{where}.warnings")
-    evidence = _compact(raw)
-    return [EntityResult(test, c, word, warnings, evidence) for c in _components(raw)]
-
-
-def _components(raw: JsonObject) -> list[Component]:
-    """DCGM 4 names one entity; DCGM 3 names GPUs in a string such as ``"0,1"``."""
-    if "entity_id" in raw:
-        group = raw.get("entity_group")
-        group_name = group if isinstance(group, str) else "GPU"
-        return [dcgm_entity(group_name, small_int(raw["entity_id"]))]
-    ids = raw.get("gpu_ids", raw.get("gpu_id"))
-    if isinstance(ids, int) and not isinstance(ids, bool):
-        return [dcgm_entity("GPU", small_int(ids))]
-    if isinstance(ids, str) and ids.strip():
-        return [dcgm_entity("GPU", int_text(part)) for part in ids.split(",")]
-    return [NODE]
-
-
-def _warnings(value: object, where: str) -> tuple[DiagWarning, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):  # early DCGM 3 printed one message string
-        return (DiagWarning(value),)
-    warnings: list[DiagWarning] = []
-    for item in expect_list(value, where):
-        if isinstance(item, str):
-            warnings.append(DiagWarning(item))
-            continue
-        entry = expect_object(item, where)
-        text = entry.get("warning")
-        warnings.append(
-            DiagWarning(
-                text if isinstance(text, str) else "",
-                small_int(entry.get("error_id")),
-                small_int(entry.get("error_severity")),
-            )
-        )
-    return tuple(warnings)
 
 
 def _judge(result: EntityResult, tally: _Tally) -> None:
@@ -395,10 +258,3 @@ def _inconclusive(message: str, evidence: str) -> Finding:
     return Finding(
         Layer.GPU, CHECK_FAILED, Severity.WARNING, Action.NONE, NODE, SOURCE, message, evidence
     )
-
-
-def _compact(value: object) -> str:
-    try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))[:600]
-    except (ValueError, RecursionError):
-        return ""

@@ -16,12 +16,13 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.in_job.load_samples import GpuSample, sample_gpus
 from gpuguard.checks.in_job.rules import LOAD_CLOCK_BELOW_SIBLINGS, RULES
 from gpuguard.checks.nvml import import_pynvml
+from gpuguard.checks.nvml_binding import Nvml
 from gpuguard.config import LoadClocks
 from gpuguard.errors import ToolMissing
 from gpuguard.model import Finding, Layer, gpu
@@ -46,7 +47,7 @@ class LoadClockCheck:
 
     def __init__(
         self,
-        nvml: Any = None,
+        nvml: Nvml | None = None,
         clock: Callable[[], float] = time.monotonic,
         proc: Path = Path("/proc"),
     ) -> None:

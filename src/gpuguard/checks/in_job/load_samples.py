@@ -4,12 +4,16 @@ throttle reasons, and which pods' processes it runs (the job it works for)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from gpuguard.checks.nvml import clock_event_names, nvml_session
+from gpuguard.checks.nvml_binding import DeviceHandle, Nvml
 from gpuguard.errors import CheckFailed
+
+T = TypeVar("T")
 
 NVML_CLOCK_SM = 1
 NVML_TEMPERATURE_GPU = 0
@@ -32,7 +36,7 @@ class GpuSample:
     job: str  # the pods whose processes run on it, sorted and joined ("": not known)
 
 
-def sample_gpus(nvml: Any, proc: Path = Path("/proc")) -> list[GpuSample]:
+def sample_gpus(nvml: Nvml, proc: Path = Path("/proc")) -> list[GpuSample]:
     """Every GPU NVML can read now; a GPU that fails a read is left out (the ``nvml``
     check reports a lost GPU); NVML itself failing raises `CheckFailed`."""
     samples = []
@@ -49,7 +53,7 @@ def sample_gpus(nvml: Any, proc: Path = Path("/proc")) -> list[GpuSample]:
     return samples
 
 
-def _sample(nvml: Any, handle: Any, proc: Path) -> GpuSample:
+def _sample(nvml: Nvml, handle: DeviceHandle, proc: Path) -> GpuSample:
     bus = nvml.nvmlDeviceGetPciInfo(handle).busId
     name = nvml.nvmlDeviceGetName(handle)
     return GpuSample(
@@ -68,7 +72,7 @@ def _sample(nvml: Any, handle: Any, proc: Path) -> GpuSample:
     )
 
 
-def _job_of(nvml: Any, handle: Any, proc: Path) -> str:
+def _job_of(nvml: Nvml, handle: DeviceHandle, proc: Path) -> str:
     """The pods behind the GPU's compute processes, read from their cgroups ("" when the
     agent cannot see them: no host PID namespace, or no process)."""
     try:
@@ -85,7 +89,7 @@ def _job_of(nvml: Any, handle: Any, proc: Path) -> str:
     return ",".join(sorted(pods))
 
 
-def _optional(nvml: Any, read: Any) -> Any:
+def _optional(nvml: Nvml, read: Callable[[], T]) -> T | None:
     try:
         return read()
     except nvml.NVMLError:

@@ -10,11 +10,13 @@ computes, copies, compares and times. Operations may be asynchronous (CUDA): onl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
-Buffer = Any  # one backend's array: on a device, or in pinned host memory
+# One backend's array, on a device or in pinned host memory: opaque to everything but the
+# backend that made it, which checks that it is its own kind.
+Buffer = object
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from gpuguard.checks.base import Check, CheckContext
 from gpuguard.checks.load.nic_loopback import DeepNetworkCheck
@@ -13,6 +13,7 @@ from gpuguard.model import Finding, Layer
 if TYPE_CHECKING:
     from gpuguard.checks.load.backend import Backend
     from gpuguard.checks.load.figures import FigureTable
+    from gpuguard.checks.nvml_binding import Nvml
 
 
 class DeepGpuCheck:
@@ -22,7 +23,10 @@ class DeepGpuCheck:
     layer: ClassVar[Layer] = Layer.GPU
 
     def __init__(
-        self, backend: Backend | None = None, nvml: Any = None, table: FigureTable | None = None
+        self,
+        backend: Backend | None = None,
+        nvml: Nvml | None = None,
+        table: FigureTable | None = None,
     ) -> None:
         """``backend``/``nvml`` default to PyTorch and pynvml, imported when the check runs."""
         self._backend = backend
@@ -70,9 +74,11 @@ def _torch_backend() -> Backend:
     return load_torch_backend()
 
 
-def _pynvml() -> Any:
+def _pynvml() -> Nvml | None:
+    """pynvml, or None where it is not installed (the load then runs without telemetry)."""
+    from gpuguard.checks.nvml import import_pynvml
+
     try:
-        import pynvml
-    except ImportError:
+        return import_pynvml()
+    except ToolMissing:
         return None
-    return pynvml

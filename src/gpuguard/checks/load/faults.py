@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuguard.checks.load.backend import Buffer
-from gpuguard.checks.load.numpy_backend import NumpyBackend, SimBuffer, SimulatedSpeeds
+from gpuguard.checks.load.numpy_backend import NumpyBackend, SimBuffer, SimulatedSpeeds, sim
 
 
 @dataclass
@@ -19,9 +19,9 @@ class CorruptingBackend(NumpyBackend):
     bad_device: int = 0
     element: tuple[int, int] = (3, 5)
 
-    def matmul(self, a: Buffer, b: Buffer, dtype: str) -> Buffer:
+    def matmul(self, a: Buffer, b: Buffer, dtype: str) -> SimBuffer:
         result = super().matmul(a, b, dtype)
-        if a.device == self.bad_device:
+        if sim(a).device == self.bad_device:
             data = result.data.copy()
             bits = data.view(np.uint16 if data.itemsize == 2 else np.uint32)
             bits[self.element] ^= 1 << (bits.itemsize * 8 - 10)  # a high mantissa bit
@@ -55,6 +55,6 @@ class HangingBackend(NumpyBackend):
 
     release_hang: threading.Event = field(default_factory=threading.Event)
 
-    def matmul(self, a: Buffer, b: Buffer, dtype: str) -> Buffer:
+    def matmul(self, a: Buffer, b: Buffer, dtype: str) -> SimBuffer:
         self.release_hang.wait()
         return super().matmul(a, b, dtype)

@@ -6,10 +6,10 @@ source); a node pool's config replaces any figure of a row (``deep.expected``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,19 +76,36 @@ def expected_for(device_name: str, table: FigureTable, deep: DeepChecks) -> GpuF
     override = deep.expected.get(device_name) or (deep.expected.get(label) if label else None)
     if row is None and override is None:
         return None
-    merged: dict[str, Any] = {"healthy": dict(table.defaults.healthy)}
+    healthy: dict[str, float] = dict(table.defaults.healthy.items())
+    tflops: dict[str, float] | None = None
+    merged: dict[str, object] = {}
     for part in (row, override):
         if part is None:
             continue
         fields = part.model_dump(exclude_unset=True, exclude={"names"})
-        merged["healthy"].update(fields.pop("healthy", {}))
-        tflops = fields.pop("tflops", None)
-        if tflops is not None:
-            merged["tflops"] = {**merged.get("tflops", {}), **tflops}
+        healthy.update(fields.pop("healthy", {}))
+        if (given := fields.pop("tflops", None)) is not None:
+            tflops = {**(tflops or {}), **given}
         merged.update(fields)
+    merged["healthy"] = healthy
+    if tflops is not None:
+        merged["tflops"] = tflops
     if override is not None:
         merged["source"] = f"{merged.get('source') or 'no table row'}; overridden by config"
     return GpuFigures.model_validate(merged)
+
+
+def expected_figures(
+    deep: DeepChecks, table: FigureTable | None = None
+) -> Callable[[str], GpuFigures | None]:
+    """:func:`expected_for` by device name, in one table (the built-in one unless given) with
+    one pool's overrides: the expected figures the GPU-facts rules take."""
+    chosen = builtin_table() if table is None else table
+
+    def figures_for(device_name: str) -> GpuFigures | None:
+        return expected_for(device_name, chosen, deep)
+
+    return figures_for
 
 
 def _find(device_name: str, table: FigureTable) -> tuple[str | None, ModelRow | None]:

@@ -201,13 +201,15 @@ class Suite:
             for m in self.node.devices:
                 if m.failed:
                     inputs.pop(m.device.index, None)
-            slowest = max(
-                (s / max(1, self._count(d, dtype)) for d, s in seconds.items()), default=0
-            )
-            batch = MAX_BATCH if slowest <= 0 else int(min(MAX_BATCH, BATCH_TARGET_S / slowest))
-            batch = max(1, batch)
+            batch = self._next_batch(seconds, dtype)
         inputs.clear()
         self.backend.release()
+
+    def _next_batch(self, seconds: dict[int, float], dtype: str) -> int:
+        """Matmuls per batch so that the slowest GPU's batch takes about BATCH_TARGET_S."""
+        slowest = max((s / max(1, self._count(d, dtype)) for d, s in seconds.items()), default=0)
+        batch = MAX_BATCH if slowest <= 0 else int(min(MAX_BATCH, BATCH_TARGET_S / slowest))
+        return max(1, batch)
 
     def _count(self, device: int, dtype: str) -> int:
         return next(m.matmuls.get(dtype, 0) for m in self.node.devices if m.device.index == device)

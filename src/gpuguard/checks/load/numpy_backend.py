@@ -33,6 +33,13 @@ class SimBuffer:
     dtype: str = "bytes"
 
 
+def sim(buffer: Buffer) -> SimBuffer:
+    """A buffer a NumPy backend made, as the SimBuffer it is."""
+    if not isinstance(buffer, SimBuffer):
+        raise TypeError(f"not a simulated buffer: {type(buffer).__name__}")
+    return buffer
+
+
 @dataclass
 class _SimTimer:
     backend: NumpyBackend
@@ -74,7 +81,7 @@ class NumpyBackend:
     def speed_of(self, device: int) -> SimulatedSpeeds:
         return self.speeds
 
-    def upload(self, device: int, host: np.ndarray, dtype: str) -> Buffer:
+    def upload(self, device: int, host: np.ndarray, dtype: str) -> SimBuffer:
         data = host.astype(_STORAGE[dtype])
         if dtype == "bf16":  # keep the top 16 bits of each float32, as bfloat16 does
             data = (data.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
@@ -82,26 +89,30 @@ class NumpyBackend:
         return SimBuffer(device, data, dtype)
 
     def download(self, buffer: Buffer) -> np.ndarray:
-        return np.asarray(buffer.data, dtype=np.float64)
+        return np.asarray(sim(buffer).data, dtype=np.float64)
 
     def raw_bits(self, buffer: Buffer) -> np.ndarray:
-        data: np.ndarray = buffer.data
+        data = sim(buffer).data
         bits: np.ndarray = data.view(np.uint16 if data.itemsize == 2 else np.uint32).copy()
         return bits
 
-    def matmul(self, a: Buffer, b: Buffer, dtype: str) -> Buffer:
+    def matmul(self, a: Buffer, b: Buffer, dtype: str) -> SimBuffer:
+        a, b = sim(a), sim(b)
+        device = a.device
+        assert device is not None, "a matrix product runs on a device"
         n = a.data.shape[0]
         result = (a.data @ b.data).astype(a.data.dtype)
-        self._spend(a.device, 2 * n**3 / (self.speed_of(a.device).tflops[dtype] * 1e12))
-        return SimBuffer(a.device, result, dtype)
+        self._spend(device, 2 * n**3 / (self.speed_of(device).tflops[dtype] * 1e12))
+        return SimBuffer(device, result, dtype)
 
     def mismatches(self, x: Buffer, y: Buffer) -> int:
         return int(np.count_nonzero(self.raw_bits(x) != self.raw_bits(y)))
 
-    def allocate(self, device: int | None, nbytes: int) -> Buffer:
+    def allocate(self, device: int | None, nbytes: int) -> SimBuffer:
         return SimBuffer(device, np.zeros(nbytes // 4, dtype=np.uint32))
 
     def copy(self, dst: Buffer, src: Buffer) -> None:
+        dst, src = sim(dst), sim(src)
         np.copyto(dst.data, src.data)
         nbytes = src.data.nbytes
         if src.device is not None and src.device == dst.device:
@@ -115,12 +126,14 @@ class NumpyBackend:
             self._spend(src.device, nbytes / (self.speed_of(src.device).peer_gb_s * 1e9))
 
     def write_pattern(self, buffer: Buffer, pattern: Pattern) -> None:
-        buffer.data[:] = _expected_words(pattern, 0, buffer.data.size)
+        words = sim(buffer).data
+        words[:] = _expected_words(pattern, 0, words.size)
 
     def find_pattern_errors(
         self, buffer: Buffer, pattern: Pattern, limit: int
     ) -> tuple[int, list[int]]:
-        wrong = np.flatnonzero(buffer.data != _expected_words(pattern, 0, buffer.data.size))
+        words = sim(buffer).data
+        wrong = np.flatnonzero(words != _expected_words(pattern, 0, words.size))
         return int(wrong.size), [int(i) * 4 for i in wrong[:limit]]
 
     def start_timer(self, device: int) -> _SimTimer:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuguard.checks.nvml import clock_event_names, nvml_session, read_xid_events
+from gpuguard.checks.nvml_binding import DeviceHandle, Nvml
 from gpuguard.checks.xid_catalog import xid_finding
 from gpuguard.errors import CheckError
 from gpuguard.model import NODE, Action, Finding, Layer, Severity, gpu
@@ -34,7 +34,7 @@ class GpuSamples:
 class LoadTelemetry:
     """Samples every GPU in a background thread between ``start`` and ``stop``."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Nvml | None) -> None:
         """``nvml``: the pynvml module, or None where it is not installed."""
         self.nvml = nvml
         self.samples: dict[int, GpuSamples] = {}
@@ -44,11 +44,12 @@ class LoadTelemetry:
         self._threads: list[threading.Thread] = []
 
     def start(self, expected_s: float) -> None:
-        if self.nvml is None:
+        nvml = self.nvml
+        if nvml is None:
             return
         self._threads = [
-            threading.Thread(target=self._sample, name="deep-telemetry", daemon=True),
-            threading.Thread(target=self._watch_xids, args=(expected_s,), daemon=True),
+            threading.Thread(target=self._sample, args=(nvml,), name="deep-telemetry", daemon=True),
+            threading.Thread(target=self._watch_xids, args=(nvml, expected_s), daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -58,8 +59,7 @@ class LoadTelemetry:
         for thread in self._threads:
             thread.join(timeout=2 * SAMPLE_INTERVAL_S)
 
-    def _sample(self) -> None:
-        nvml = self.nvml
+    def _sample(self, nvml: Nvml) -> None:
         try:
             with nvml_session(nvml):
                 handles = [
@@ -67,13 +67,12 @@ class LoadTelemetry:
                 ]
                 while not self._stop.is_set():
                     for index, handle in enumerate(handles):
-                        self._sample_one(index, handle)
+                        self._sample_one(nvml, index, handle)
                     self._stop.wait(SAMPLE_INTERVAL_S)
         except (CheckError, nvml.NVMLError) as exc:
             self.problem = f"NVML sampling failed: {exc}"
 
-    def _sample_one(self, index: int, handle: Any) -> None:
-        nvml = self.nvml
+    def _sample_one(self, nvml: Nvml, index: int, handle: DeviceHandle) -> None:
         s = self.samples.get(index)
         if s is None:
             bus = nvml.nvmlDeviceGetPciInfo(handle).busId
@@ -83,9 +82,9 @@ class LoadTelemetry:
         s.power_w.append(nvml.nvmlDeviceGetPowerUsage(handle) / 1000)
         s.reasons |= clock_event_names(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
 
-    def _watch_xids(self, expected_s: float) -> None:
+    def _watch_xids(self, nvml: Nvml, expected_s: float) -> None:
         try:
-            self.xids = read_xid_events(self.nvml, int(expected_s * 1000))
+            self.xids = read_xid_events(nvml, int(expected_s * 1000))
         except CheckError as exc:
             self.problem = f"Xid events not watched: {exc}"
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import queue
 import socket
-from typing import Any
 
 import numpy as np
 
 from gpuguard.checks.load.backend import Buffer, DeviceInfo, Pattern
+from gpuguard.checks.load.torch_types import DeviceProperties, ReportQueue, Torch, TorchTensor
 from gpuguard.errors import NotApplicable, ToolMissing
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32", "fp32": "float32"}
@@ -26,13 +26,14 @@ def load_torch_backend() -> TorchBackend:
         import torch
     except ImportError:
         raise ToolMissing("PyTorch is not installed (pip install 'gpuguard[torch]')") from None
-    if not torch.cuda.is_available():
+    module: Torch = torch
+    if not module.cuda.is_available():
         raise NotApplicable("PyTorch sees no CUDA GPU on this node")
-    return TorchBackend(torch)
+    return TorchBackend(module)
 
 
 class _CudaTimer:
-    def __init__(self, torch: Any, device: int) -> None:
+    def __init__(self, torch: Torch, device: int) -> None:
         self.torch, self.device = torch, device
         self.begin = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
@@ -49,7 +50,7 @@ class _CudaTimer:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: Torch) -> None:
         self.torch = torch
 
     def devices(self) -> list[DeviceInfo]:
@@ -70,51 +71,49 @@ class TorchBackend:
             )
         return found
 
-    def upload(self, device: int, host: np.ndarray, dtype: str) -> Buffer:
+    def upload(self, device: int, host: np.ndarray, dtype: str) -> TorchTensor:
         on_device = self.torch.from_numpy(host).to(f"cuda:{device}")
         return on_device.to(getattr(self.torch, _TORCH_DTYPES[dtype]))
 
     def download(self, buffer: Buffer) -> np.ndarray:
-        values: np.ndarray = buffer.double().cpu().numpy()
-        return values
+        return self._tensor(buffer).double().cpu().numpy()
 
     def raw_bits(self, buffer: Buffer) -> np.ndarray:
-        bits: np.ndarray = self._bits(buffer).cpu().numpy()
-        return bits
+        return self._bits(buffer).cpu().numpy()
 
-    def matmul(self, a: Buffer, b: Buffer, dtype: str) -> Buffer:
+    def matmul(self, a: Buffer, b: Buffer, dtype: str) -> TorchTensor:
         self.torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-        return self.torch.matmul(a, b)
+        return self.torch.matmul(self._tensor(a), self._tensor(b))
 
     def mismatches(self, x: Buffer, y: Buffer) -> int:
-        return int((self._bits(x) != self._bits(y)).sum().item())
+        return int(self._bits(x).ne(self._bits(y)).sum().item())
 
-    def allocate(self, device: int | None, nbytes: int) -> Buffer:
+    def allocate(self, device: int | None, nbytes: int) -> TorchTensor:
         words = nbytes // 4
         if device is None:
             return self.torch.empty(words, dtype=self.torch.int32, pin_memory=True)
         return self.torch.empty(words, dtype=self.torch.int32, device=f"cuda:{device}")
 
     def copy(self, dst: Buffer, src: Buffer) -> None:
-        dst.copy_(src, non_blocking=True)
+        self._tensor(dst).copy_(self._tensor(src), non_blocking=True)
 
     def write_pattern(self, buffer: Buffer, pattern: Pattern) -> None:
+        words = self._tensor(buffer)
         if pattern.kind == "constant":
-            buffer.fill_(_int32(pattern.value))
+            words.fill_(_int32(pattern.value))
         else:
-            self.torch.arange(buffer.numel(), dtype=self.torch.int32, out=buffer)
-            buffer.bitwise_xor_(_int32(pattern.value))
+            self.torch.arange(words.numel(), dtype=self.torch.int32, out=words)
+            words.bitwise_xor_(_int32(pattern.value))
 
     def find_pattern_errors(
         self, buffer: Buffer, pattern: Pattern, limit: int
     ) -> tuple[int, list[int]]:
+        words = self._tensor(buffer)
         if pattern.kind == "constant":
-            wrong = buffer != _int32(pattern.value)
+            wrong = words.ne(_int32(pattern.value))
         else:
-            expected = self.torch.arange(
-                buffer.numel(), dtype=self.torch.int32, device=buffer.device
-            )
-            wrong = buffer != expected.bitwise_xor_(_int32(pattern.value))
+            expected = self.torch.arange(words.numel(), dtype=self.torch.int32, device=words.device)
+            wrong = words.ne(expected.bitwise_xor_(_int32(pattern.value)))
         count = int(wrong.sum().item())
         if not count:
             return 0, []
@@ -164,13 +163,20 @@ class TorchBackend:
     def release(self) -> None:
         self.torch.cuda.empty_cache()
 
-    def _bits(self, buffer: Buffer) -> Any:
-        width = {2: self.torch.int16, 4: self.torch.int32}[buffer.element_size()]
-        return buffer.view(width)
+    def _tensor(self, buffer: Buffer) -> TorchTensor:
+        """A buffer this backend made, as the tensor it is."""
+        if not isinstance(buffer, self.torch.Tensor):
+            raise TypeError(f"not a PyTorch tensor: {type(buffer).__name__}")
+        return buffer
+
+    def _bits(self, buffer: Buffer) -> TorchTensor:
+        tensor = self._tensor(buffer)
+        width = {2: self.torch.int16, 4: self.torch.int32}[tensor.element_size()]
+        return tensor.view(width)
 
 
 def _all_reduce_worker(
-    rank: int, devices: list[int], port: int, nbytes: int, repeats: int, results: Any
+    rank: int, devices: list[int], port: int, nbytes: int, repeats: int, results: ReportQueue
 ) -> None:
     """One rank of the all-reduce (a spawned process); rank 0 reports the time."""
     try:
@@ -199,7 +205,7 @@ def _all_reduce_worker(
         results.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
 
 
-def _bus_id(props: Any, index: int) -> str:
+def _bus_id(props: DeviceProperties, index: int) -> str:
     try:
         return f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
     except AttributeError:  # an older PyTorch: the CUDA index is all we have

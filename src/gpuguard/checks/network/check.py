@@ -34,7 +34,7 @@ What the findings mean (fabric ports only):
   than the fastest fabric port of the same model and link layer are a warning only.
 - ``LINK_RATE_UNREADABLE`` (warning): an active fabric port whose rate could not be read.
 - ``LINK_FLAPPED`` / ``IB_ERROR_COUNTER_RISING`` / ``EFA_ERROR_COUNTER_RISING`` (warning):
-  see :func:`counter_deltas`; excluded devices are not sampled.
+  see :mod:`~gpuguard.checks.network.counters`; excluded devices are not sampled.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
+from gpuguard.checks.network.counters import counter_deltas
 from gpuguard.checks.network.ibstat import IbPanic, IbstatPorts, parse_ibstat
 from gpuguard.checks.network.roles import (
     EFA,
@@ -91,28 +92,6 @@ __all__ = [
     "read_infiniband_sysfs",
 ]
 NO_NETWORK_CONFIG = NetworkConfig()
-
-# Error counters whose rise between two samples is a finding. Any rise counts (threshold 1):
-# the samples are about a second apart, and a healthy link makes no errors in that time.
-# Absolute values are not judged: they accumulate over months of uptime (a healthy H100 node
-# shows port_rcv_errors 14), so only the delta says something is wrong now.
-IB_ERROR_COUNTERS = (
-    "symbol_error",
-    "link_error_recovery",
-    "port_rcv_errors",
-    "local_link_integrity_errors",
-    "excessive_buffer_overrun_errors",
-    "port_rcv_remote_physical_errors",
-)
-LINK_DOWNED = "link_downed"
-EFA_ERROR_COUNTERS = (
-    "rx_drops",
-    "rdma_read_wr_err",
-    "rdma_write_wr_err",
-    "retrans_timeout_events",
-    "unresponsive_remote_events",
-    "impaired_remote_conn_events",
-)
 
 # Why a physical state other than LinkUp leaves a fabric port without a link.
 _NO_LINK = {
@@ -298,56 +277,6 @@ def _rate_findings(
         elif rate < (best := peak[(layer, port.ca_type)]):
             why = f"{rate:g} Gb/s, its peers run at {best:g}"
             yield finding("LINK_RATE_DEGRADED", Severity.WARNING, Action.NONE, port, why)
-
-
-def counter_deltas(
-    before: Sequence[PortRecord], after: Sequence[PortRecord], source: str = "sysfs"
-) -> list[Finding]:
-    """Warnings for error counters that rose between two samples of the same ports.
-
-    A counter that went down was reset (driver reload, ``perfquery -R``): not an error.
-    A counter missing or unreadable in either sample is skipped.
-    """
-    earlier = {(port.device, port.port): port for port in before}
-    findings: list[Finding] = []
-    for port in after:
-        old = earlier.get((port.device, port.port))
-        if old is None:
-            continue
-        checks = (
-            ("LINK_FLAPPED", (LINK_DOWNED,), old.counters, port.counters),
-            ("IB_ERROR_COUNTER_RISING", IB_ERROR_COUNTERS, old.counters, port.counters),
-            ("EFA_ERROR_COUNTER_RISING", EFA_ERROR_COUNTERS, old.hw_counters, port.hw_counters),
-        )
-        for code, names, then, now in checks:
-            rises = _rises(names, then, now)
-            if rises:
-                message = f"{port.name}: {', '.join(rises)} rising"
-                evidence = "; ".join(f"{n} {then[n]} -> {now[n]}" for n in rises)
-                findings.append(
-                    Finding(
-                        Layer.NETWORK,
-                        code,
-                        Severity.WARNING,
-                        Action.NONE,
-                        nic(port.device, port.port),
-                        source,
-                        message,
-                        evidence,
-                    )
-                )
-    return findings
-
-
-def _rises(
-    names: Iterable[str], then: dict[str, int | None], now: dict[str, int | None]
-) -> list[str]:
-    rising = []
-    for name in names:
-        old, new = then.get(name), now.get(name)
-        if old is not None and new is not None and new > old:
-            rising.append(name)
-    return rising
 
 
 def panic_finding(panic: IbPanic, network: NetworkConfig = NO_NETWORK_CONFIG) -> Finding:

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.gpu_facts import RULES, evaluate_gpus
+from gpuguard.checks.gpu_facts import evaluate_gpus
+from gpuguard.checks.gpu_rules import RULES
+from gpuguard.checks.load.figures import expected_figures
 from gpuguard.checks.nvidia_smi.common import SmiReport, split_lost_gpus
 from gpuguard.checks.nvidia_smi.text_format import parse_smi_text, read_smi_text
 from gpuguard.checks.nvidia_smi.xml_format import parse_smi_xml, read_smi_xml
@@ -40,7 +42,8 @@ class SmiCheck:
             output = ctx.sources.read(Artifact.NVIDIA_SMI_TEXT, ctx.timeout_s)
             read = read_smi_text
         report = _parse(output, read)
-        findings = evaluate_gpus(report.gpus, ctx.expectations.gpus, SOURCE, ctx.config.deep)
+        figures = expected_figures(ctx.config.deep)
+        findings = evaluate_gpus(report.gpus, ctx.expectations.gpus, SOURCE, figures)
         if len(report.gpus) < report.attached_gpus:
             findings.insert(0, _unlisted_gpus(report))
         if report.only:

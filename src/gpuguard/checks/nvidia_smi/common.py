@@ -132,7 +132,7 @@ def split_lost_gpus(text: str) -> tuple[list[str], list[GpuFacts]]:
 # nvidia-smi cannot open a GPU the driver has lost with NVML_ERROR_UNKNOWN ("Unknown
 # Error", what it prints after the GPU fell off the bus, Xid 79) as with
 # NVML_ERROR_GPU_IS_LOST: both read as lost (GPU_LOST, a reboot: a GPU reset needs a handle).
-# Any other reason (a permission, say) keeps its own words.
+# Every other reason (a permission, say) keeps its own words.
 _UNKNOWN_REASON = "unknown error"
 
 

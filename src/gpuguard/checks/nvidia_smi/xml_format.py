@@ -29,7 +29,7 @@ from gpuguard.errors import ParseError
 
 ROOT_TAG = "nvidia_smi_log"
 
-# nvidia-smi's own DOCTYPE names an external DTD and declares nothing; it is dropped. Any
+# nvidia-smi's own DOCTYPE names an external DTD and declares nothing; it is dropped. Every
 # other DOCTYPE (an internal subset can declare entities) or ENTITY is refused, so that
 # entity expansion cannot blow up memory.
 _PLAIN_DOCTYPE = re.compile(r"<!DOCTYPE[^\[>]*>", re.IGNORECASE)
