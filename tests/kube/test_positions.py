@@ -215,7 +215,10 @@ def test_a_fault_that_stays_with_the_position_is_replaced_once_then_held_until_m
 def test_nodes_without_a_usable_position_are_told_and_a_sick_one_still_quarantined(
     api, start_controller
 ):
-    bare, half = node_name(), node_name()
+    bare, half, placed = node_name(), node_name(), node_name()
+    # A fleet that labels positions (an unlabelled fleet is counted, not told per node).
+    make_node(api, placed, labels={POOL: "h100", "rack": "r7", "position": "u1"})
+    set_health(api, placed)
     make_node(api, bare, labels={POOL: "h100"})
     make_node(api, half, labels={POOL: "h100", "rack": "r7"})  # no "position" label
     set_health(api, half)

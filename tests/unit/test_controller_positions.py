@@ -14,7 +14,12 @@ from gpuguard.controller.observe import (
     read_position,
 )
 from gpuguard.controller.position_faults import condition_status, message
-from gpuguard.controller.positions import POSITION_SHARED, POSITION_UNKNOWN, Positions
+from gpuguard.controller.positions import (
+    MOST_NOTICES,
+    POSITION_SHARED,
+    POSITION_UNKNOWN,
+    Positions,
+)
 from gpuguard.remediation.model import Episode
 from gpuguard.remediation.policy_sections import DEFAULT_POSITION_LABELS
 from tests.support.metrics import sample
@@ -117,6 +122,7 @@ def test_unknown_positions_are_counted_by_reason_and_told_once_per_node():
     positions = Positions()
     unlabelled = read_position({}, DEFAULT_POSITION_LABELS)
     incomplete = read_position({"rack": "r1"}, DEFAULT_POSITION_LABELS)
+    positions.put("placed", PositionReading("rack=r1,position=u9"), reporting=True)
     positions.put("a", unlabelled, reporting=True)
     positions.put("b", incomplete, reporting=True)
     positions.put("cpu", unlabelled, reporting=False)  # no agent: not ours
@@ -151,3 +157,29 @@ def test_the_condition_message_names_the_position_and_the_evidence_once():
     assert len(message(episode)) <= 1024
     node = {"status": {"conditions": [{"type": POSITION_CONDITION, "status": "False"}]}}
     assert condition_status(node) == "False" and condition_status({"status": {}}) == ""
+
+
+def test_a_fleet_without_position_labels_is_counted_not_told_node_by_node():
+    """An EKS fleet carries none of the position labels: the nodes' names are its
+    positions, as configured. Each node is counted; none gets an Event for it (100,000 at
+    every start would hold up the first pass). A half-labelled node is still told."""
+    positions = Positions()
+    unlabelled = read_position({}, DEFAULT_POSITION_LABELS)
+    for i in range(1000):
+        positions.put(f"n{i}", unlabelled, reporting=True)
+    positions.put("half", read_position({"rack": "r1"}, DEFAULT_POSITION_LABELS), reporting=True)
+    metrics = ControllerMetrics()
+    assert [(n.node, n.reason) for n in positions.untold(metrics)] == [("half", POSITION_UNKNOWN)]
+    assert (
+        sample(metrics.registry, "gpuguard_controller_nodes_without_position", reason=UNLABELLED)
+        == 1000
+    )
+    # Once one node has a position, the fleet uses them: the unlabelled are told, a pass
+    # at a time.
+    positions.put("placed", PositionReading("rack=r1,position=u1"), reporting=True)
+    told = [n.node for n in positions.untold(metrics)]
+    assert len(told) == MOST_NOTICES
+    while batch := positions.untold(metrics):
+        assert len(batch) <= MOST_NOTICES
+        told += [n.node for n in batch]
+    assert sorted(told) == sorted(f"n{i}" for i in range(1000))

@@ -5,7 +5,10 @@ The policy reads a node's position from its observation; what no single Node sho
 here: a position claimed by two live Nodes (a mislabelled one, or a replacement labelled
 before its predecessor left) fills each one's ``position_shared_with``. What cannot be
 read is said, never fatal: a gauge by reason, an Event per Node and per shared position,
-once per controller run.
+once per controller run. A fleet none of whose Nodes carries the policy's position labels
+(an EKS fleet, say) uses the nodes' names, as configured: the gauge says so, and no Node
+gets an Event for it (100,000 of them at every start would be noise that holds up the
+first pass). At most :data:`MOST_NOTICES` Events go out per pass; the rest follow.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from gpuguard.controller.observe import INCOMPLETE, TOO_LONG, UNLABELLED, Positi
 
 POSITION_UNKNOWN = "PositionUnknown"
 POSITION_SHARED = "PositionShared"
+MOST_NOTICES = 50  # Events per pass: a pass must not wait on thousands of writes
 
 
 class Notice(NamedTuple):
@@ -85,11 +89,17 @@ class Positions:
         reasons = Counter(reading.problem for reading in self._unknown.values())
         for reason in (UNLABELLED, INCOMPLETE, TOO_LONG):
             metrics.nodes_without_position.labels(reason).set(reasons.get(reason, 0))
+        fleet_has_positions = bool(self._at)
+        untold = [
+            name
+            for name in sorted(self._unknown.keys() - self._told_unknown)
+            if fleet_has_positions or self._unknown[name].problem != UNLABELLED
+        ][:MOST_NOTICES]
         notices = [
             Notice(name, POSITION_UNKNOWN, f"Node {name} {self._unknown[name].describe()}")
-            for name in sorted(self._unknown.keys() - self._told_unknown)
+            for name in untold
         ]
-        self._told_unknown |= self._unknown.keys()
+        self._told_unknown.update(untold)
         shared = {p: frozenset(names) for p, names in self._claims.items() if len(names) > 1}
         metrics.shared_positions.set(len(shared))
         self._told_shared &= set(shared.items())  # shared again later: told again
