@@ -16,7 +16,7 @@ on loopback, 100,000 strong:
    ``remainingItemCount`` as kube-apiserver gives them; empty lists for NodeRemediations,
    Pods and Jobs; watches held open with nothing to say (a quiet fleet); the Lease as
    the coordination API answers a first campaign (404, then 201 on create, 200 on update);
-   anything else 404, counted and printed.
+   Events accepted (201) and counted by reason; anything else 404, counted and printed.
 3. **Measure.** ``gpuguard controller`` starts on that server (the real binary and
    kubeconfig path); start to ``/readyz`` (the Node cache filled) and to the first
    reconcile, then VmRSS and VmHWM, and CPU seconds used until ready.
@@ -110,6 +110,7 @@ class Server(ThreadingHTTPServer):
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.unknown: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()  # Events the controller gave, by reason
         self.lease: bytes | None = None
         self.closing = threading.Event()
         self.pages = 0
@@ -167,6 +168,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send(code, self.server.lease)
 
     def do_POST(self) -> None:
+        if urlsplit(self.path).path.endswith("/events"):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            self.server.events[str(body.get("reason"))] += 1
+            self._send(201, json.dumps(body).encode())
+            return
         self._store_lease(201)
 
     def do_PUT(self) -> None:
@@ -255,7 +261,10 @@ def main() -> None:
             print(f"run {run + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in found.items()))
         server.closing.set()
         server.shutdown()
-        print(f"list pages served: {server.pages}; unknown requests: {dict(server.unknown)}")
+        print(
+            f"list pages served: {server.pages}; Events: {dict(server.events)}; "
+            f"unknown requests: {dict(server.unknown)}"
+        )
         for key in runs[0]:
             values = sorted(r[key] for r in runs)
             print(f"{key:<20} median {values[len(values) // 2]:8.1f}  (runs: {values})")

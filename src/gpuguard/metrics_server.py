@@ -8,12 +8,13 @@ use it without importing the other.
 from __future__ import annotations
 
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gpuguard.clock import SYSTEM_CLOCK
 
 # A main loop silent for longer than this is reported unhealthy on /healthz.
 LIVENESS_S = 120.0
@@ -24,13 +25,13 @@ class Probes:
 
     def __init__(self) -> None:
         self.ready = threading.Event()
-        self._alive_at = time.monotonic()
+        self._alive_at = SYSTEM_CLOCK.monotonic()
 
     def alive(self) -> None:
-        self._alive_at = time.monotonic()
+        self._alive_at = SYSTEM_CLOCK.monotonic()
 
     def is_alive(self) -> bool:
-        return time.monotonic() - self._alive_at < LIVENESS_S
+        return SYSTEM_CLOCK.monotonic() - self._alive_at < LIVENESS_S
 
 
 class Served(Protocol):

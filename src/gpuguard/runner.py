@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import datetime
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuguard.checks.base import Check, CheckContext, Fallback
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.config import Config
 from gpuguard.errors import (
     CheckError,
@@ -142,7 +142,7 @@ def _start(check: Check, ctx: CheckContext) -> _Pending:
     thread = threading.Thread(
         target=_run_into, args=(check, ctx, box), name=f"check-{check.name}", daemon=True
     )
-    started = time.monotonic()
+    started = SYSTEM_CLOCK.monotonic()
     thread.start()
     return _Pending(check, ctx, thread, started, box)
 
@@ -156,8 +156,8 @@ def _run_into(check: Check, ctx: CheckContext, box: dict[str, object]) -> None:
 
 def _collect(pending: _Pending) -> CheckResult:
     deadline = pending.started + pending.ctx.timeout_s + GRACE_S
-    pending.thread.join(max(0.0, deadline - time.monotonic()))
-    elapsed = time.monotonic() - pending.started
+    pending.thread.join(max(0.0, deadline - SYSTEM_CLOCK.monotonic()))
+    elapsed = SYSTEM_CLOCK.monotonic() - pending.started
     check = pending.check
     if pending.thread.is_alive():
         return _inconclusive(
@@ -219,7 +219,7 @@ class RepeatingCheck:
 
     def run_once(self) -> CheckResult:
         if self._stuck is not None and self._stuck.thread.is_alive():
-            waited = time.monotonic() - self._stuck.started
+            waited = SYSTEM_CLOCK.monotonic() - self._stuck.started
             since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=waited)
             detail = (
                 f"{self.check.name}: the previous run has not exited yet (stuck since"

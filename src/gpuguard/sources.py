@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import urllib.error
 import urllib.request
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.config import Config
 from gpuguard.errors import CheckFailed, CheckTimedOut, ParseError, ToolMissing
 
@@ -87,9 +87,9 @@ class LiveSources:
                 dcgmi = self.tool("dcgmi")
                 # Watches must be set before a health query reports anything; both calls
                 # share the one time budget.
-                started = time.monotonic()
+                started = SYSTEM_CLOCK.monotonic()
                 run_tool([dcgmi, "health", "-s", "a"], timeout_s)
-                remaining = max(0.1, timeout_s - (time.monotonic() - started))
+                remaining = max(0.1, timeout_s - (SYSTEM_CLOCK.monotonic() - started))
                 return run_tool([dcgmi, "health", "-c", "-j"], remaining)
             case Artifact.DCGMI_DIAG:
                 level = self._config.dcgm_diag_level

@@ -22,9 +22,9 @@ import select
 import signal
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.errors import CheckFailed, CheckTimedOut, ToolMissing
 
 log = logging.getLogger("gpuguard.tools")
@@ -62,7 +62,7 @@ class HungRun:
     started_monotonic: float
 
     def describe(self) -> str:
-        age = time.monotonic() - self.started_monotonic
+        age = SYSTEM_CLOCK.monotonic() - self.started_monotonic
         since = self.started.strftime("%Y-%m-%dT%H:%M:%SZ")
         return f"{self.command} (pid {self.pid}, running since {since}, {age:.0f}s)"
 
@@ -117,7 +117,7 @@ def run_tool(argv: list[str], timeout_s: float) -> ToolOutput:
     HUNG.refuse_if_hung(argv[0])
     proc, started = _spawn(argv)
     command = " ".join(argv)
-    deadline = time.monotonic() + timeout_s
+    deadline = SYSTEM_CLOCK.monotonic() + timeout_s
     pipes = _Pipes(proc)
     pipes.pump(deadline)
     if pipes.too_large or not pipes.closed or not _reaped(proc, deadline):
@@ -144,7 +144,7 @@ def run_tool(argv: list[str], timeout_s: float) -> ToolOutput:
 def _spawn(
     argv: list[str],
 ) -> tuple[subprocess.Popen[bytes], tuple[datetime.datetime, float]]:
-    started = (datetime.datetime.now(datetime.UTC), time.monotonic())
+    started = (datetime.datetime.now(datetime.UTC), SYSTEM_CLOCK.monotonic())
     try:
         proc = subprocess.Popen(
             argv,
@@ -167,7 +167,7 @@ def _stop(proc: subprocess.Popen[bytes], pipes: _Pipes, run: HungRun) -> HungRun
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     pipes.discard()
-    grace = time.monotonic() + KILL_GRACE_S
+    grace = SYSTEM_CLOCK.monotonic() + KILL_GRACE_S
     pipes.pump(grace)
     if _reaped(proc, grace) and pipes.closed:
         return None
@@ -177,7 +177,7 @@ def _stop(proc: subprocess.Popen[bytes], pipes: _Pipes, run: HungRun) -> HungRun
 
 def _reaped(proc: subprocess.Popen[bytes], deadline: float) -> bool:
     try:
-        proc.wait(max(0.0, deadline - time.monotonic()))
+        proc.wait(max(0.0, deadline - SYSTEM_CLOCK.monotonic()))
     except subprocess.TimeoutExpired:
         return False
     return True
@@ -215,7 +215,7 @@ class _Pipes:
         """Read until both pipes close, ``deadline`` passes (None: no deadline), or stdout
         passes the cap."""
         while self._files and not self.too_large:
-            now = time.monotonic()
+            now = SYSTEM_CLOCK.monotonic()
             if deadline is not None and now >= deadline:
                 return
             wait_ms = None if deadline is None else max(1, int((deadline - now) * 1000))

@@ -124,7 +124,7 @@ def test_truncated_file_is_a_reset(tmp_path):
 def test_application_faults_expire_hardware_faults_do_not():
     clock = FakeClock(1000.0)
     boot = ["boot-1"]
-    state = KernelState(600, lambda: boot[0], clock.monotonic)
+    state = KernelState(600, lambda: boot[0], clock)
     state.add_lines([XID13, XID79], reset=True)
     assert sorted(f.code for f in state.findings()) == ["XID_13", "XID_79"]
     clock.step(601)
@@ -268,7 +268,7 @@ def test_a_flood_of_lines_is_kept_as_counted_incidents_in_bounded_memory():
 
 def test_a_job_fault_expires_a_time_to_live_after_its_last_line():
     clock = FakeClock(1000.0)
-    state = KernelState(600, lambda: "boot-1", clock.monotonic)
+    state = KernelState(600, lambda: "boot-1", clock)
     state.add_lines([XID13], reset=True)
     clock.step(500)
     state.add_lines([XID13], reset=False)  # the job is still crashing

@@ -1,6 +1,7 @@
 """The code's shape, held: no module over 400 lines, no function over 60, no import loop,
-and ``Any`` only at the wire's edge: ``kube/rest.py``'s ``Json``, the decoded body of an API
-response, before the contract models and the slim projections give it a shape."""
+one clock, and ``Any`` only at the wire's edge: ``kube/rest.py``'s ``Json``, the decoded
+body of an API response, before the contract models and the slim projections give it a
+shape."""
 
 from __future__ import annotations
 
@@ -89,3 +90,20 @@ def test_any_is_spelled_only_at_the_wire_edge():
     print(f"uses of Any in src/: {sum(uses.values())} ({uses})")
     assert uses.keys() <= {WIRE_EDGE}, f"Any outside {WIRE_EDGE}: {uses}"
     assert sum(uses.values()) <= MOST_ANY
+
+
+def test_every_time_read_goes_through_the_clock():
+    """``clock.Clock`` is the one clock (a fake one in tests): no other module reads the
+    machine's time itself."""
+    readers = set()
+    for name, text in sources().items():
+        for node in ast.walk(ast.parse(text)):
+            called = node.func if isinstance(node, ast.Call) else None
+            if (
+                isinstance(called, ast.Attribute)
+                and isinstance(called.value, ast.Name)
+                and called.value.id == "time"
+                and called.attr in ("time", "monotonic", "perf_counter", "time_ns")
+            ):
+                readers.add(name)
+    assert readers <= {"gpuguard/clock.py"}

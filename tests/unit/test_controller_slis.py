@@ -66,7 +66,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def levels(clock: FakeClock) -> ServiceLevels:
-    books = ServiceLevels(clock=clock.monotonic)
+    books = ServiceLevels(clock=clock)
     books.leading = True
     return books
 
@@ -161,7 +161,7 @@ def test_a_relist_replaces_the_nodes_known(levels, clock):
 
 
 def test_the_gpu_node_selector_is_the_one_given(clock):
-    levels = ServiceLevels(parse_selector("pool=h100"), clock=clock.monotonic)
+    levels = ServiceLevels(parse_selector("pool=h100"), clock=clock)
     levels.leading = True
     levels.nodes_listed([node("a", labels={"pool": "h100"}), node("b")])
     assert read(levels)["gpuguard_gpu_nodes{in_service}"] == 1

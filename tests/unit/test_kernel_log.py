@@ -11,6 +11,7 @@ from gpuguard.kernel_log.state import KernelState
 from gpuguard.kernel_log.tally import MAX_INCIDENTS, IncidentTally
 from gpuguard.model import Action, Layer, Severity
 from tests.conftest import read_data
+from tests.support.clock import FakeClock
 
 
 def codes(findings):
@@ -230,12 +231,11 @@ def test_a_contained_error_follows_the_reset_the_driver_marks(flags, severity, a
 def test_a_gpu_marked_for_drain_and_reset_is_a_lasting_fault_not_a_job_s():
     # The job's own Xid 94 ages out with the job; one the driver marks for a drain and
     # reset is the GPU's and stays until the reset.
-    now = [0.0]
     for flags, lasts in (("RST: No, D-RST: No", False), ("RST: No, D-RST: Yes", True)):
-        state = KernelState(application_ttl_s=60, boot_id=lambda: "b", clock=lambda: now[0])
-        now[0] = 0.0
+        clock = FakeClock()
+        state = KernelState(application_ttl_s=60, boot_id=lambda: "b", clock=clock)
         state.add_lines([f"{CONTAINED} {flags}"], reset=True)
-        now[0] = 3600.0
+        clock.set(3600.0)
         assert bool(state.findings()) is lasts, flags
 
 

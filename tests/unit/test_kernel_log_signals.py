@@ -8,6 +8,7 @@ from __future__ import annotations
 from gpuguard.kernel_log.check import classify_log
 from gpuguard.kernel_log.state import KernelState
 from gpuguard.model import NODE, Action, Severity
+from tests.support.clock import FakeClock
 
 XID119 = (
     "[171000.000001] NVRM: Xid (PCI:0000:db:00): 119, pid=2024380, name=python3, Timeout "
@@ -111,8 +112,8 @@ def test_links_that_only_come_up_are_healthy():
 
 
 def test_the_agent_forgets_a_flap_a_time_to_live_after_it():
-    now = [0.0]
-    state = KernelState(application_ttl_s=60, boot_id=lambda: "b", clock=lambda: now[0])
+    clock = FakeClock()
+    state = KernelState(application_ttl_s=60, boot_id=lambda: "b", clock=clock)
     state.add_lines(
         [
             "[14.5] mlx5_core 0000:0c:00.0 ib0: Link up",
@@ -121,7 +122,7 @@ def test_the_agent_forgets_a_flap_a_time_to_live_after_it():
         reset=True,
     )
     assert [f.code for f in state.findings()] == ["LINK_FLAPPED"]
-    now[0] = 3600.0
+    clock.set(3600.0)
     assert state.findings() == []
 
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from gpuguard.kernel_log.check import classify_log
 from gpuguard.kernel_log.state import KernelState
 from gpuguard.model import NODE, Action, Layer, Severity, Status, assess_layer, gpu
+from tests.support.clock import FakeClock
 
 ROWS = list(
     csv.DictReader(
@@ -179,7 +180,7 @@ def test_every_format_string_yields_its_finding_from_every_collector(row, data):
 @given(data=st.data())
 def test_the_agent_reads_a_message_split_over_separate_reads(row, data):
     message = data.draw(printed(row))
-    state = KernelState(application_ttl_s=600, boot_id=lambda: "boot-1", clock=lambda: 0.0)
+    state = KernelState(application_ttl_s=600, boot_id=lambda: "boot-1", clock=FakeClock())
     how = Delivery("kmsg-records", 12.5, datetime(2026, 12, 1), [])
     for line in deliver(message.lines, how):
         state.add_lines([line], reset=False)

@@ -18,6 +18,7 @@ from gpuguard.config import Config
 from gpuguard.model import Action, Outcome
 from gpuguard.runner import run_check
 from gpuguard.sources import BundleSources, LiveSources
+from tests.support.clock import FakeClock
 
 POD_A = "0f3c2a10-9d1e-4a7b-8c55-1e2d3f4a5b6c"
 POD_B = "7a6b5c4d-3e2f-4a1b-9c8d-7e6f5a4b3c2d"
@@ -90,22 +91,14 @@ def proc_with(tmp_path: Path, pods: dict[int, str]) -> Path:
     return tmp_path
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def sample_for(check: LoadClockCheck, clock: Clock, rounds: int, **config: object) -> list:
+def sample_for(check: LoadClockCheck, clock: FakeClock, rounds: int, **config: object) -> list:
     ctx = CheckContext(LiveSources(Config()), Config.model_validate({"load_clocks": config}), 5.0)
     found = []
     for _ in range(rounds):
         result = run_check(check, ctx)
         assert result.outcome is Outcome.OK, result.detail
         found = result.findings
-        clock.now += 30
+        clock.step(30)
     return found
 
 
@@ -117,7 +110,7 @@ def eight(**slow: Gpu) -> list[Gpu]:
 
 
 def test_a_gpu_clocking_below_its_busy_siblings_is_named_after_the_window_fills():
-    nvml, clock = LoadNvml(eight(g3=Gpu(sm_mhz=1410, reasons=HW_SLOWDOWN))), Clock()
+    nvml, clock = LoadNvml(eight(g3=Gpu(sm_mhz=1410, reasons=HW_SLOWDOWN))), FakeClock(1000.0)
     check = LoadClockCheck(nvml, clock)
     assert sample_for(check, clock, 9) == []  # min_samples 10
     (found,) = sample_for(check, clock, 1)
@@ -128,7 +121,7 @@ def test_a_gpu_clocking_below_its_busy_siblings_is_named_after_the_window_fills(
 
 
 def test_a_small_difference_or_a_short_dip_is_not_a_finding():
-    nvml, clock = LoadNvml(eight(g3=Gpu(sm_mhz=1830))), Clock()  # 92 %: within tolerance
+    nvml, clock = LoadNvml(eight(g3=Gpu(sm_mhz=1830))), FakeClock(1000.0)  # 92 %: within tolerance
     check = LoadClockCheck(nvml, clock)
     assert sample_for(check, clock, 12) == []
     nvml.gpus[3] = Gpu(sm_mhz=1200)
@@ -139,7 +132,7 @@ def test_a_small_difference_or_a_short_dip_is_not_a_finding():
 
 def test_idle_or_lightly_loaded_gpus_give_no_verdict():
     gpus = [Gpu(busy=30, sm_mhz=345 if i == 2 else 1980) for i in range(8)]
-    nvml, clock = LoadNvml(gpus), Clock()
+    nvml, clock = LoadNvml(gpus), FakeClock(1000.0)
     assert sample_for(LoadClockCheck(nvml, clock), clock, 20) == []
 
 
@@ -149,15 +142,15 @@ def test_gpus_of_different_jobs_are_not_compared(tmp_path):
     samples = sample_gpus(LoadNvml(gpus), proc)
     assert {s.job for s in samples} == {POD_A, POD_B}
     # Without the pods (no host PID namespace) they would be compared: 1500 vs 1980.
-    nvml, clock = LoadNvml(gpus), Clock()
+    nvml, clock = LoadNvml(gpus), FakeClock(1000.0)
     assert len(sample_for(LoadClockCheck(nvml, clock, tmp_path / "none"), clock, 10)) == 4
-    nvml, clock = LoadNvml(gpus), Clock()
+    nvml, clock = LoadNvml(gpus), FakeClock(1000.0)
     assert sample_for(LoadClockCheck(nvml, clock, proc), clock, 10) == []
 
 
 def test_a_lost_gpu_is_left_to_the_nvml_check_and_the_others_still_judged():
     gpus = eight(g3=Gpu(sm_mhz=1400), g5=Gpu(lost=True))
-    nvml, clock = LoadNvml(gpus), Clock()
+    nvml, clock = LoadNvml(gpus), FakeClock(1000.0)
     (found,) = sample_for(LoadClockCheck(nvml, clock), clock, 10)
     assert found.component.id == "0000:1c:00.0" and "6 busy siblings" in found.message
 

@@ -54,12 +54,17 @@ class ScriptedPeers:
 
 
 class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
+    """Wall time that moves a second at each reading."""
 
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
+    def __init__(self) -> None:
+        self.at = 1_000_000.0
+
+    def now(self) -> float:
+        self.at += 1.0
+        return self.at
+
+    def monotonic(self) -> float:
+        return self.now()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ ends the reads of that GPU only.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from typing import ClassVar, TypeVar
 
@@ -20,6 +19,7 @@ from gpuguard.checks.load.figures import expected_figures
 from gpuguard.checks.nvidia_smi.common import total
 from gpuguard.checks.nvml_binding import DeviceHandle, EventSet, FieldValue, Nvml, NvmlSession
 from gpuguard.checks.xid_catalog import xid_finding
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.errors import CheckError, CheckFailed, ToolMissing
 from gpuguard.model import NODE, Action, Finding, Layer, Severity, gpu
 
@@ -298,8 +298,8 @@ def _register_xid_events(nvml: Nvml, event_set: EventSet) -> int:
 
 def _wait_for_events(nvml: Nvml, event_set: EventSet, wait_ms: int) -> list[tuple[str, int]]:
     events: list[tuple[str, int]] = []
-    deadline = time.monotonic() + wait_ms / 1000
-    while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
+    deadline = SYSTEM_CLOCK.monotonic() + wait_ms / 1000
+    while (left_ms := int((deadline - SYSTEM_CLOCK.monotonic()) * 1000)) > 0:
         try:
             data = nvml.nvmlEventSetWait(event_set, left_ms)
         except nvml.NVMLError as exc:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.conditions import LAYER_OF_TYPE
 from gpuguard.kube.fleet import is_tainted
 from gpuguard.kube.rest import Json
@@ -86,7 +86,7 @@ class ServiceLevels:
         self,
         gpu_nodes: Selector = DEFAULT_GPU_NODES,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.gpu_nodes = gpu_nodes
         self.leading = False  # only the leader exports
@@ -94,7 +94,7 @@ class ServiceLevels:
         self._lock = threading.Lock()
         self._in_service: dict[str, bool] = {}  # GPU node name -> in service
         self._up = 0
-        self._time = TimeShare(clock())
+        self._time = TimeShare(clock.monotonic())
         self._counted: set[str] = set()  # uids of the finished Jobs already counted
         self._finished: Counter[str] = Counter()
 
@@ -142,7 +142,7 @@ class ServiceLevels:
             self._up += up
 
     def _settle(self) -> None:
-        self._time.set(self._clock(), up=self._up, total=len(self._in_service))
+        self._time.set(self._clock.monotonic(), up=self._up, total=len(self._in_service))
 
     def _count(self, job: Json) -> None:
         uid = job["metadata"]["uid"]
@@ -155,7 +155,7 @@ class ServiceLevels:
         if not self.leading:
             return []
         with self._lock:
-            self._time.advance(self._clock())
+            self._time.advance(self._clock.monotonic())
             seconds = CounterMetricFamily(
                 "gpuguard_gpu_node_seconds",
                 "GPU-node time in and out of service (gpuguard.sli), leader only",

@@ -18,10 +18,10 @@ import select
 import stat
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Protocol
 
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.kernel_log.inotify import DirectoryWatch
 from gpuguard.kernel_log.lines import LineCutter
 from gpuguard.sources import KMSG, drain_kmsg, kernel_log_methods, kmsg_message
@@ -98,13 +98,13 @@ class FileFollower:
         the backstop."""
         if self._missing_since is None or self._said:
             return BACKSTOP_S
-        return max(0.0, self._missing_since + self.grace_s - time.monotonic())
+        return max(0.0, self._missing_since + self.grace_s - SYSTEM_CLOCK.monotonic())
 
     def poll(self, sink: LogSink, stop: threading.Event | None = None) -> None:
         """One look at the file: what is new goes to ``sink``."""
         info = self._stat()
         if isinstance(info, str):
-            now = time.monotonic()
+            now = SYSTEM_CLOCK.monotonic()
             self._missing_since = self._missing_since or now
             if not self._said and now - self._missing_since >= self.grace_s:
                 sink.unreadable(f"{self.path}: {info} for {now - self._missing_since:.1f}s")

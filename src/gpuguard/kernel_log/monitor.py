@@ -57,7 +57,7 @@ class KernelLogMonitor:
         self._count_xids = count_xids
         self._clock = clock
         self._retry_s = retry_s
-        self._kernel = KernelState(application_ttl_s, boot_id, clock.monotonic)
+        self._kernel = KernelState(application_ttl_s, boot_id, clock)
         self._started = clock.monotonic()
 
     def run(self, stop: threading.Event) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.errors import ContractError
 from gpuguard.contract.memory import decode_memory
 from gpuguard.kernel_log.check import KernelLogCheck, RepeatScanner, has_kernel_record
@@ -35,7 +35,7 @@ class KernelState:
         self,
         application_ttl_s: float,
         boot_id: Callable[[], str],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._ttl = application_ttl_s
         self._boot_id = boot_id
@@ -64,7 +64,7 @@ class KernelState:
                 self._tally = IncidentTally()
                 self._scanner.forget()
                 self._events_boot = boot
-            now = self._clock()
+            now = self._clock.monotonic()
             tally = self._tally
             events = self._scanner.events(block)
             for event in events:
@@ -86,7 +86,7 @@ class KernelState:
         return self.add_block("\n".join(lines).encode("utf-8", errors="surrogatepass"), reset)
 
     def findings(self) -> list[Finding]:
-        now = self._clock()
+        now = self._clock.monotonic()
         with self._lock:
             if self._tally.drop(lambda key, incident: self._expired(key, incident, now)):
                 self._scanner.forget()  # its lines would stand for a new incident's

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.contract.conditions import POSITION_CONDITION, PROFILES
 from gpuguard.contract.keys import (
     CORDONED_BY_US_ANNOTATION,
@@ -97,12 +98,12 @@ def wait_for_pods_gone(
 ) -> bool:
     """Until no pod matches ``selector`` (gpuguard's agents and controllers, which would
     write it all again); False at the timeout."""
-    deadline = time.monotonic() + timeout_s
+    deadline = SYSTEM_CLOCK.monotonic() + timeout_s
     while True:
         left = api.list(PODS.path(namespace=namespace), label_selector=selector).items
         if not left:
             return True
-        if time.monotonic() >= deadline:
+        if SYSTEM_CLOCK.monotonic() >= deadline:
             return False
         say(f"waiting for {len(left)} gpuguard pods to end ({selector})")
         time.sleep(poll_s)

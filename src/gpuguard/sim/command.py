@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.errors import ConfigError
 from gpuguard.sim.html import render
 from gpuguard.sim.report import report_data, table
@@ -25,7 +25,7 @@ class _Progress:
         self._drawn = 0.0
 
     def __call__(self, policy: str, fraction: float) -> None:
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         if fraction < 1.0 and now - self._drawn < 0.1:
             return
         self._drawn = now

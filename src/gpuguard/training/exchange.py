@@ -27,6 +27,8 @@ import time
 from concurrent.futures import Future
 from typing import Protocol, TypeGuard
 
+from gpuguard.clock import SYSTEM_CLOCK
+
 EXCHANGE_PORT_ENV = "GPUGUARD_EXCHANGE_PORT"
 """The loopback port rank 0 listens on when ``torch.distributed`` is not initialised."""
 _LOOPBACK = "127.0.0.1"
@@ -177,9 +179,9 @@ class LoopbackExchange:
 
     def _accept_peers(self) -> None:
         assert self._server is not None
-        deadline = time.monotonic() + self.timeout_s
+        deadline = SYSTEM_CLOCK.monotonic() + self.timeout_s
         while len(self._peers) < self.world_size - 1:
-            self._server.settimeout(max(0.001, deadline - time.monotonic()))
+            self._server.settimeout(max(0.001, deadline - SYSTEM_CLOCK.monotonic()))
             try:
                 peer, _ = self._server.accept()
             except TimeoutError:
@@ -226,13 +228,13 @@ def open_exchange(rank: int, world_size: int, *, port: int | None = None) -> Exc
 
 
 def _connect(port: int, timeout_s: float) -> socket.socket:
-    deadline = time.monotonic() + timeout_s
+    deadline = SYSTEM_CLOCK.monotonic() + timeout_s
     delay = 0.01
     while True:
         try:
             sock = socket.create_connection((_LOOPBACK, port), timeout=timeout_s)
         except OSError as exc:
-            if time.monotonic() + delay > deadline:
+            if SYSTEM_CLOCK.monotonic() + delay > deadline:
                 raise ExchangeError(f"cannot reach rank 0 on {_LOOPBACK}:{port}: {exc}") from exc
             time.sleep(delay)  # rank 0 is not listening yet
             delay = min(delay * 2, 0.5)

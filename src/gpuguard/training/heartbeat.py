@@ -10,9 +10,9 @@ file named by ``$GPUGUARD_HEARTBEAT_FILE``, overwritten in place with a fixed-wi
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.training.contract import HEARTBEAT_FILE_ENV
 
 _WIDTH = 20
@@ -32,7 +32,7 @@ class Heartbeat:
     def beat(self, step: int) -> None:
         if self._fd is None:
             return
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         if now - self._last_write < self._min_interval_s:
             return
         self._last_write = now

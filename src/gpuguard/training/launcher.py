@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.errors import ConfigError
 from gpuguard.remediation.signatures import classify
 from gpuguard.training import process_tree
@@ -142,14 +143,14 @@ class Launcher:
         env[EXIT_REASON_FILE_ENV] = str(reason)
         if self.checkpoint_dir is not None:
             env[CHECKPOINT_DIR_ENV] = str(self.checkpoint_dir)
-        started = time.monotonic()
+        started = SYSTEM_CLOCK.monotonic()
         child = self._start(env)
         assert child.stderr is not None  # started with stderr=PIPE
         stderr = StderrTail(child.stderr)
         watch = _RunWatch(self._stop_requests, self.watchdog, child.pid, heartbeat, started)
         while not process_tree.exited(child.pid):
             process_tree.reap_orphans(keep=child.pid)
-            watch.poll(time.monotonic())
+            watch.poll(SYSTEM_CLOCK.monotonic())
             time.sleep(POLL_S)
         self._end_leftovers(child.pid)
         child.returncode = process_tree.reap(child.pid)
@@ -157,7 +158,7 @@ class Launcher:
         return RunResult(
             returncode=child.returncode,
             started_at=started,
-            ended_at=time.monotonic(),
+            ended_at=SYSTEM_CLOCK.monotonic(),
             stalled=watch.stalled,
             reported_code=_read_reported_code(reason),
             step=last_beat if last_beat is not None else watch.step,
@@ -176,21 +177,21 @@ class Launcher:
 
     def _end_leftovers(self, child: int) -> None:
         """SIGKILL whatever the job left behind (its leader has exited)."""
-        deadline = time.monotonic() + LEFTOVER_TIMEOUT_S
+        deadline = SYSTEM_CLOCK.monotonic() + LEFTOVER_TIMEOUT_S
         while left := [pid for pid in process_tree.descendants(os.getpid()) if pid != child]:
             process_tree.signal_all(left, signal.SIGKILL)
             process_tree.reap_exited(left)
-            if time.monotonic() > deadline:
+            if SYSTEM_CLOCK.monotonic() > deadline:
                 say(f"processes {left} of the job did not end on SIGKILL; going on")
                 return
             time.sleep(0.01)
 
     def _sleep(self, seconds: float) -> None:
         """Wait before a restart; a stop request cuts the wait short."""
-        deadline = time.monotonic() + seconds
-        while not self._stop_requests and time.monotonic() < deadline:
+        deadline = SYSTEM_CLOCK.monotonic() + seconds
+        while not self._stop_requests and SYSTEM_CLOCK.monotonic() < deadline:
             process_tree.reap_orphans(keep=None)
-            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0)))
+            time.sleep(min(POLL_S, max(deadline - SYSTEM_CLOCK.monotonic(), 0)))
 
     def _note_stop(self, signum: int, frame: FrameType | None) -> None:
         self._stop_requests.append(signal.Signals(signum))

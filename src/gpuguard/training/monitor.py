@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
@@ -40,6 +39,7 @@ from numbers import Real
 from pathlib import Path
 from typing import TypeVar
 
+from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.training.exchange import BackgroundExchange, Exchange, ExchangeError, open_exchange
 from gpuguard.training.identity import RankIdentity
 from gpuguard.training.replicas import Fingerprint, ReplicaCheck, ReplicaRound, fingerprint
@@ -89,7 +89,7 @@ class JobMonitor:
         verdict_dir: str | os.PathLike[str] | None = None,
         ttl_s: float = DEFAULT_TTL_S,
         exchange: Exchange | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if window_steps < 1:
             raise ValueError(f"window_steps {window_steps} must be at least 1")
@@ -239,7 +239,7 @@ class JobMonitor:
         held = self.verdict
         if held is None or step < self._verdict_step:
             return
-        self._write(replace(held, checkpointed_at=self._clock(), written_at=self._clock()))
+        self._write(replace(held, checkpointed_at=self._clock.now(), written_at=self._clock.now()))
 
     def close(self) -> None:
         """Stop exchanging. A held verdict stays, to lapse after its ``ttl_s``."""
@@ -293,7 +293,7 @@ class JobMonitor:
                     withdraw_verdict(self.verdict_dir, self.identity.job, self.identity.rank)
             return
         kind, ratio, steps, evidence = wanted
-        now = self._clock()
+        now = self._clock.now()
         held = self.verdict
         if held is not None and held.kind is kind:
             self._write(replace(held, written_at=now, ratio=ratio, steps=steps, evidence=evidence))

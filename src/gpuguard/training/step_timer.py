@@ -11,8 +11,9 @@ end of the step. A step without a mark is all compute.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
+
+from gpuguard.clock import SYSTEM_CLOCK
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,16 @@ class StepTimer:
         if self._first_step is None:
             self._first_step = step
         self._comm_from = None
-        self._started = time.perf_counter()
+        self._started = SYSTEM_CLOCK.monotonic()
 
     def communicating(self) -> None:
         """The rank enters a collective; only the first call of a step counts."""
         if self._comm_from is None and self._step is not None:
-            self._comm_from = time.perf_counter()
+            self._comm_from = SYSTEM_CLOCK.monotonic()
 
     def end(self) -> int | None:
         """Close the step begun last; its number, or None when none was begun."""
-        now = time.perf_counter()
+        now = SYSTEM_CLOCK.monotonic()
         step, self._step = self._step, None
         if step is None:
             return None

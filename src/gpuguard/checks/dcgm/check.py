@@ -10,7 +10,6 @@ answer stands and the failure becomes an inconclusive finding, so that, say, a h
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
@@ -25,6 +24,7 @@ from gpuguard.checks.dcgm.exporter import (
     parse_exporter_metrics,
 )
 from gpuguard.checks.dcgm.health import parse_health
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.errors import CheckError, CheckFailed, CheckTimedOut, ParseError, ToolMissing
 from gpuguard.model import (
     CHECK_FAILED,
@@ -77,13 +77,13 @@ class DcgmCheck:
     layer: ClassVar[Layer] = Layer.GPU
 
     def run(self, ctx: CheckContext) -> list[Finding]:
-        deadline = time.monotonic() + ctx.timeout_s
+        deadline = SYSTEM_CLOCK.monotonic() + ctx.timeout_s
         findings: list[Finding] = []
         missing: list[str] = []
         failed: list[tuple[DcgmiPart, CheckError]] = []
         for part in PARTS:
             try:
-                findings += _read_part(ctx, part, deadline - time.monotonic())
+                findings += _read_part(ctx, part, deadline - SYSTEM_CLOCK.monotonic())
             except ToolMissing as exc:
                 missing.append(str(exc))
             except CheckError as exc:

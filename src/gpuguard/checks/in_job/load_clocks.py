@@ -11,9 +11,7 @@ deep suite judges it then.
 from __future__ import annotations
 
 import statistics
-import time
 from collections import defaultdict, deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -23,6 +21,7 @@ from gpuguard.checks.in_job.load_samples import GpuSample, sample_gpus
 from gpuguard.checks.in_job.rules import LOAD_CLOCK_BELOW_SIBLINGS, RULES
 from gpuguard.checks.nvml import import_pynvml
 from gpuguard.checks.nvml_binding import Nvml
+from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.config import LoadClocks
 from gpuguard.errors import ToolMissing
 from gpuguard.model import Finding, Layer, gpu
@@ -48,7 +47,7 @@ class LoadClockCheck:
     def __init__(
         self,
         nvml: Nvml | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         proc: Path = Path("/proc"),
     ) -> None:
         """``proc``: where the GPU processes' cgroups are read (the host's, with hostPID)."""
@@ -62,7 +61,7 @@ class LoadClockCheck:
             raise ToolMissing("load clocks are sampled on the live node only")
         nvml = self._nvml if self._nvml is not None else import_pynvml()
         settings = ctx.config.load_clocks
-        now = self._clock()
+        now = self._clock.monotonic()
         for judged in judge_sample(sample_gpus(nvml, self._proc), settings, now):
             self._history[judged.sample.pci_bus_id].append(judged)
         findings = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import ClassVar
@@ -26,6 +25,7 @@ from gpuguard.checks.in_job.rules import (
     IN_JOB_VERDICT_INVALID,
     RULES,
 )
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.errors import CheckFailed, ToolMissing
 from gpuguard.model import NODE, Component, Finding, Layer, Severity, gpu
 from gpuguard.training.verdicts import (
@@ -68,7 +68,7 @@ class InJobCheck:
             raise CheckFailed(f"{directory}: the in-job verdict directory is not a directory")
         verdicts, errors = read_verdicts(directory)
         findings = [_invalid(NODE, str(error)) for error in errors]
-        now = time.time()
+        now = SYSTEM_CLOCK.now()
         for verdict in verdicts:
             if self.node is not None and verdict.node != self.node:
                 why = f"{verdict.file_name()}: written for node {verdict.node!r}, not {self.node!r}"

@@ -8,13 +8,13 @@ device that raises (a CUDA error) is recorded and left out of later phases.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpuguard.checks.load.backend import PATTERNS, Backend, Buffer, DeviceInfo, Timer
+from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.config import DeepChecks
 from gpuguard.errors import CheckError
 
@@ -76,7 +76,7 @@ class Suite:
     def __init__(self, backend: Backend, deep: DeepChecks, budget_s: float) -> None:
         self.backend = backend
         self.deep = deep
-        self.started = time.monotonic()
+        self.started = SYSTEM_CLOCK.monotonic()
         self.deadline = self.started + budget_s
         self.budget_s = budget_s
         devices = backend.devices()
@@ -89,15 +89,15 @@ class Suite:
         compute_until = self.deadline - sum(_SHARES.values()) * self.budget_s
         dtypes = list(self.deep.dtypes)
         for i, dtype in enumerate(dtypes):
-            share = (compute_until - time.monotonic()) / (len(dtypes) - i)
-            self._compute(dtype, time.monotonic() + max(share, 0.0))
+            share = (compute_until - SYSTEM_CLOCK.monotonic()) / (len(dtypes) - i)
+            self._compute(dtype, SYSTEM_CLOCK.monotonic() + max(share, 0.0))
         self._phase("memory", self._memory_bandwidth)
         self._phase("pattern", self._pattern_test)
         self._phase("host_link", self._host_link)
         self._phase("peer", self._peer_copies)
         self._phase("all_reduce", self._all_reduce)
         self.backend.release()
-        self.node.elapsed_s = time.monotonic() - self.started
+        self.node.elapsed_s = SYSTEM_CLOCK.monotonic() - self.started
         return self.node
 
     # -- plumbing ----------------------------------------------------------------------
@@ -116,11 +116,11 @@ class Suite:
                 m.errors.append(f"{what}: {type(exc).__name__}: {exc}")
 
     def _phase(self, name: str, work: Callable[[float], None]) -> None:
-        remaining = self.deadline - time.monotonic()
+        remaining = self.deadline - SYSTEM_CLOCK.monotonic()
         if remaining <= 0:
             self.node.skipped.append(name)
             return
-        work(time.monotonic() + min(remaining, _SHARES[name] * self.budget_s))
+        work(SYSTEM_CLOCK.monotonic() + min(remaining, _SHARES[name] * self.budget_s))
         self.backend.release()
 
     # -- compute -----------------------------------------------------------------------
@@ -165,7 +165,7 @@ class Suite:
         self._on_each(f"{dtype} matmul", prepare)
         seconds: dict[int, float] = {}
         batch = 1
-        while time.monotonic() < until and inputs:
+        while SYSTEM_CLOCK.monotonic() < until and inputs:
             timers: dict[int, Timer] = {}
             last: dict[int, Buffer] = {}
             for m in self._live():  # queue a batch on every GPU, then wait: they run together
@@ -232,7 +232,7 @@ class Suite:
     def _time_copies(self, device: int, dst: Buffer, src: Buffer, until: float) -> float:
         """Mean seconds per copy, repeating while the phase has time (at least 3)."""
         total, count = 0.0, 0
-        while count < 3 or (time.monotonic() < until and count < 50):
+        while count < 3 or (SYSTEM_CLOCK.monotonic() < until and count < 50):
             timer = self.backend.start_timer(device)
             for _ in range(3):
                 self.backend.copy(dst, src)
@@ -249,7 +249,7 @@ class Suite:
             blocks = [self.backend.allocate(d, block) for _ in range(max(1, budget // block))]
             result = PatternResult(tested_bytes=block * len(blocks))
             for pattern in PATTERNS:
-                if time.monotonic() > until and pattern is not PATTERNS[0]:
+                if SYSTEM_CLOCK.monotonic() > until and pattern is not PATTERNS[0]:
                     break
                 for buffer in blocks:
                     self.backend.write_pattern(buffer, pattern)
@@ -302,7 +302,7 @@ class Suite:
         nbytes = min([ALL_REDUCE_BYTES] + [self._copy_size(m) for m in self._live()])
         try:
             seconds = self.backend.all_reduce_seconds(
-                live, nbytes, repeats=5, timeout_s=max(10.0, until - time.monotonic())
+                live, nbytes, repeats=5, timeout_s=max(10.0, until - SYSTEM_CLOCK.monotonic())
             )
         except CheckError as exc:
             self.node.all_reduce_note = str(exc)
