@@ -16,17 +16,27 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from gpuguard.contract.conditions import LAYER_OF_TYPE, POSITION_CONDITION
 from gpuguard.contract.keys import CORDONED_BY_US_ANNOTATION, TAINT_EFFECT, TAINT_KEY
 from gpuguard.kube.rest import NODES, Json, KubeApi, KubeConflict, KubeRefused, Listing
 from gpuguard.retry import retry
 
 CONFLICT_RETRIES = 5
 _KEPT_METADATA = ("name", "uid", "resourceVersion", "labels", "annotations", "creationTimestamp")
+_KEPT_CONDITIONS = frozenset({"Ready", POSITION_CONDITION, *LAYER_OF_TYPE})
+
+
+def kept_conditions(conditions: list[Json]) -> list[Json]:
+    """The conditions gpuguard reads (the kubelet's Ready, every profile's layer types,
+    ours for a position): the kubelet's pressure conditions and other components' are a
+    third of a healthy Node's kept bytes at 100,000 Nodes, and nothing here reads them."""
+    return [c for c in conditions if c.get("type") in _KEPT_CONDITIONS]
 
 
 def slim_node(node: Json) -> Json:
     """The part of a Node the controller keeps: no images, addresses, capacity or
-    managedFields (a 5,000-node fleet is ~70 MB of JSON, mostly image lists)."""
+    managedFields (a 5,000-node fleet is ~70 MB of JSON, mostly image lists), only the
+    conditions it reads."""
     metadata = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
@@ -40,7 +50,7 @@ def slim_node(node: Json) -> Json:
     return {
         "metadata": {key: metadata[key] for key in _KEPT_METADATA if key in metadata},
         "spec": slim_spec,
-        "status": {"conditions": status.get("conditions") or []},
+        "status": {"conditions": kept_conditions(status.get("conditions") or [])},
     }
 
 
@@ -87,6 +97,8 @@ _NODE_PAGE = msgspec.json.Decoder(_NodePage)
 def decode_node_page(content: bytes) -> Json:
     """A page of a Node list decoded straight into :func:`slim_node`'s shape."""
     page = _NODE_PAGE.decode(content)
+    for node in page.items:
+        node.status.conditions = kept_conditions(node.status.conditions)
     return {"items": msgspec.to_builtins(page.items), "metadata": page.metadata}
 
 
