@@ -1,12 +1,14 @@
 """The HTTP endpoint the agent and the controller both serve: /metrics, /healthz, /readyz.
 
 Each daemon's metrics class extends ``Probes`` with its own registry; ``serve`` answers the
-scrapes and the kubelet's probes from it. Imports nothing of gpuguard's, so either side can
-use it without importing the other.
+scrapes and the kubelet's probes from it. Imports nothing of gpuguard's but the clock, so
+either side can use it without importing the other.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
@@ -69,6 +71,32 @@ def serve(metrics: Served, port: int, host: str = "0.0.0.0") -> ThreadingHTTPSer
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes every few seconds would flood the daemon's log
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _QuietServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Waits for a connection without waking up twice a second to look for a shutdown
+    (the standard loop's poll, most of an idle agent's wake-ups); ``shutdown`` wakes it
+    with connections of its own until it has stopped."""
+
+    daemon_threads = True
+
+    def serve_forever(self, poll_interval: float | None = None) -> None:
+        super().serve_forever(poll_interval)  # type: ignore[arg-type]  # None: no timeout
+
+    def shutdown(self) -> None:
+        stopped = threading.Event()
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+
+        def knock() -> None:
+            while not stopped.wait(0.05):
+                with contextlib.suppress(OSError):
+                    socket.create_connection((host, port), timeout=1).close()
+
+        threading.Thread(target=knock, daemon=True).start()
+        try:
+            super().shutdown()
+        finally:
+            stopped.set()

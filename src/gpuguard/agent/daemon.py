@@ -42,7 +42,7 @@ from gpuguard.sources import Sources
 from gpuguard.training.verdicts import VerdictKind
 
 log = logging.getLogger("gpuguard.agent")
-SUPERVISE_S = 1.0  # how often the observer threads are looked at
+SUPERVISE_S = 5.0  # how often the observer threads are looked at (the liveness probe: 120 s)
 
 if TYPE_CHECKING:
     from gpuguard.kube.client import NodeApi
