@@ -42,6 +42,26 @@ _NODE_WRITES: dict[Kind, Callable[[KubeApi, Json], object]] = {
 }
 
 
+def counted_write(
+    metrics: ControllerMetrics, kind: str, node: str, write: Callable[[], object]
+) -> bool:
+    """One write of ``kind`` on ``node``, counted by result; False when it was not done:
+    fenced (a replica that lost the Lease, said quietly) or failed (the next pass
+    decides it again)."""
+    try:
+        write()
+    except KubeFenced as exc:
+        metrics.actions.labels(kind, "fenced").inc()
+        log.debug("%s on %s not done: %s", kind, node, exc)
+        return False
+    except KubeError as exc:
+        metrics.actions.labels(kind, "error").inc()
+        log.warning("%s on %s failed, the next pass retries: %s", kind, node, exc)
+        return False
+    metrics.actions.labels(kind, "ok").inc()
+    return True
+
+
 class Applier:
     def __init__(
         self,
@@ -115,21 +135,14 @@ class Applier:
     def _try(
         self, decision: Decision, plan: Plan, nodes: Mapping[str, Json], now: float, new: bool
     ) -> bool:
-        try:
-            self._apply(decision, plan.episodes.get(decision.node), nodes, now, new)
-        except KubeFenced as exc:
-            self.metrics.actions.labels(str(decision.kind), "fenced").inc()
-            log.debug("%s on %s not done: %s", decision.kind, decision.node, exc)
-            return False
-        except KubeError as exc:
-            self.metrics.actions.labels(str(decision.kind), "error").inc()
-            log.warning(
-                "%s on %s failed, retrying next round: %s", decision.kind, decision.node, exc
-            )
-            return False
-        self.metrics.actions.labels(str(decision.kind), "ok").inc()
-        if decision.kind is not Kind.RECORD:
-            episode = plan.episodes.get(decision.node)
+        episode = plan.episodes.get(decision.node)
+        done = counted_write(
+            self.metrics,
+            str(decision.kind),
+            decision.node,
+            lambda: self._apply(decision, episode, nodes, now, new),
+        )
+        if done and decision.kind is not Kind.RECORD:
             name = None if episode is None else object_name(episode.node, episode.opened_at)
             log.log(
                 logging.DEBUG if decision.kind in RESENT else logging.INFO,
@@ -140,7 +153,7 @@ class Applier:
                 decision.reason,
                 extra=logs.about(decision.node, name),
             )
-        return True
+        return done
 
     def _evict(self, decision: Decision) -> None:
         pods = drain.evictable_pods(drain.pods_on_node(self.api, decision.node), decision.gpus)

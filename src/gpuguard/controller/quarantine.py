@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuguard import logs
+from gpuguard.controller.apply import counted_write
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.kube import fleet
-from gpuguard.kube.errors import KubeError, KubeFenced
 from gpuguard.kube.rest import Json, KubeApi
 from gpuguard.remediation.health import describe, opens_episode
 from gpuguard.remediation.model import DecisionKind, NodeObservation
@@ -103,20 +103,15 @@ class Quarantine:
                 self._ahead.pop(name, None)
 
     def _taint(self, node: Json, name: str, why: str) -> None:
-        try:
+        def taint() -> None:
             tainted = fleet.taint(self.writer, node)
-        except KubeFenced as exc:
-            self.metrics.actions.labels(TAINT, "fenced").inc()
-            log.debug("taint of %s not written: %s", name, exc)
-        except KubeError as exc:  # the pass decides the taint again
-            self.metrics.actions.labels(TAINT, "error").inc()
-            log.warning("taint of %s failed, the next pass retries: %s", name, exc)
-        else:
-            self.metrics.actions.labels(TAINT, "ok").inc()
-            log.info("%s %s: unhealthy, ahead of the pass", TAINT, name, extra=logs.about(name))
             with self._lock:
                 self._written[name] = _version(tainted)
                 self._ahead[name] = why
+
+        try:
+            if counted_write(self.metrics, TAINT, name, taint):
+                log.info("%s %s: unhealthy, ahead of the pass", TAINT, name, extra=logs.about(name))
         finally:
             with self._lock:
                 self._writing.discard(name)
