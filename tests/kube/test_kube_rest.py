@@ -4,6 +4,7 @@ and the three ways of authenticating (client certificate, token, in-cluster file
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 import uuid
@@ -151,6 +152,25 @@ def test_list_then_watch_gives_snapshot_then_changes_without_bookmarks(api, name
         ("DELETED", "before"),
         ("ADDED", "later"),
     ]
+
+
+def test_the_watch_does_not_hold_on_to_its_first_list(api, namespace):
+    """The controller's cache replaces the listed objects as changes arrive: a snapshot
+    the iterator kept for the watch's life would keep every replaced object (the soak's
+    controller grew by its whole fleet this way)."""
+    collection = CONFIGMAPS.path(namespace=namespace)
+    api.create(collection, configmap("listed"))
+    changes = list_then_watch(api, collection, watch_timeout_s=30)
+    snapshot = next(changes)
+    assert isinstance(snapshot, Snapshot) and snapshot.items
+    listed = snapshot.items
+    del snapshot
+    api.create(collection, configmap("changed"))
+    assert isinstance(next(changes), WatchEvent)
+    assert changes.gi_frame is not None
+    held = [v for v in changes.gi_frame.f_locals.values() if isinstance(v, Snapshot)]
+    assert held == [] and sys.getrefcount(listed) == 2  # ours, and getrefcount's argument
+    changes.close()
 
 
 def test_raw_watch_delivers_bookmarks(api, namespace):

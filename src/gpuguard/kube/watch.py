@@ -68,6 +68,9 @@ def list_then_watch(
         snapshot = relist()
         version = snapshot.resource_version
         yield snapshot
+        # Not kept for the watch's life: the caller's cache replaces these objects one by
+        # one, and a list held here would keep every replaced one (the whole fleet, twice).
+        del snapshot
     while not stopped():
         try:
             for event in api.watch(
@@ -87,6 +90,7 @@ def list_then_watch(
             snapshot = relist()
             version = snapshot.resource_version
             yield snapshot
+            del snapshot
         except KubeUnavailable:
             if stopped():
                 return  # the caller ended the blocked read on purpose
