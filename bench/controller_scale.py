@@ -73,7 +73,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -725,8 +725,11 @@ class Heartbeats:
     fleet of N nodes makes about 2 N / 180 Node writes a second. Written here at ``rate``
     to the spare (never flipped) nodes, alternating the two kinds of write."""
 
-    def __init__(self, clients: Clients, names: list[str], rate: float) -> None:
+    def __init__(
+        self, clients: Clients, names: list[str], rate: float, busy: Collection[str] = ()
+    ) -> None:
         self.clients, self.names, self.rate = clients, names, rate
+        self.busy = busy  # nodes whose agent is reporting a fault just now: skipped
         self.stop = threading.Event()
         self.written = [0] * 4  # per thread
         self.achieved = 0.0
@@ -756,6 +759,8 @@ class Heartbeats:
             self.stop.wait(max(0.0, due - time.monotonic()))
             due += period
             name = rng.choice(self.names)
+            if name in self.busy:
+                continue
             now = _rfc3339(time.time())
             if n % 2 == 0:
                 condition = {"type": GPU_CONDITION, "status": "True", "lastHeartbeatTime": now}

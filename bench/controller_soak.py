@@ -10,8 +10,9 @@ Method
 
 1. ``--nodes`` Nodes are created and the controller starts on them (ready and first
    reconcile timed, then the idle window, as in ``controller_scale.py``).
-2. For ``--soak-s`` seconds the spare nodes heartbeat at ``--heartbeats`` Node writes a
-   second (default 2 N / 180: the agents' 180 s heartbeat on N nodes), and every
+2. For ``--soak-s`` seconds every node heartbeats, as its agent would, at ``--heartbeats``
+   Node writes a second in all (default 2 N / 180: the agents' 180 s heartbeat on N nodes;
+   a node between its flip and its healing is skipped: its agent reports the fault), and every
    ``--flip-every-s`` one node (a new one each time) flips as the agent writes a GPU
    fault; the latency is the flip's condition write returning to our taint arriving on a
    Node watch. ``--heal-after-s`` later the node reports healthy again, as the agent
@@ -55,6 +56,7 @@ from tests.support.controlplane import ControlPlane, testenv_bin
 class Soak:
     rss: list[tuple[float, float]] = field(default_factory=list)  # (s since soak start, MiB)
     flips_ms: list[float] = field(default_factory=list)
+    tainted_before: int = 0  # flipped nodes already tainted (by silence, say): not timed
     heartbeat_rate: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
 
@@ -83,18 +85,25 @@ def flips_under_load(
     controller: scale.ControllerProcess,
     soak: Soak,
     stop: threading.Event,
+    busy: set[str],
 ) -> None:
     rng = random.Random(7)
     healing: list[tuple[float, str]] = []
     for i, name in enumerate(names):
         if stop.wait(args.flip_every_s * rng.uniform(0.5, 1.5)):
             break
+        busy.add(name)
         written = scale.flip(api, name, code="XID_48", action="RESET_GPU", reason="Xid48")
         tainted.wait_all([name], 60)
-        soak.flips_ms.append(1000 * (tainted.times[name] - written))
+        if tainted.times[name] < written - 1.0:
+            soak.tainted_before += 1
+        else:
+            soak.flips_ms.append(1000 * (tainted.times[name] - written))
         healing.append((time.monotonic() + args.heal_after_s, name))
         while healing and healing[0][0] <= time.monotonic():
-            heal(api, healing.pop(0)[1])
+            healed = healing.pop(0)[1]
+            heal(api, healed)
+            busy.discard(healed)
         controller.check_alive()
         if (i + 1) % 25 == 0:
             print(f"  {i + 1} flips: last {soak.flips_ms[-1]:.0f} ms", flush=True)
@@ -106,10 +115,10 @@ def soak_phase(
     plane: ControlPlane,
     controller: scale.ControllerProcess,
     flippers: list[str],
-    spares: list[str],
+    everyone: list[str],
     tainted: scale.FirstSeen,
 ) -> Soak:
-    soak, stop = Soak(), threading.Event()
+    soak, stop, busy = Soak(), threading.Event(), set[str]()
     print(
         f"soak: {args.soak_s:.0f} s, {args.heartbeats:.0f} heartbeat writes/s, a flip every "
         f"~{args.flip_every_s:.0f} s",
@@ -118,10 +127,10 @@ def soak_phase(
     meter, started = scale.CpuMeter(plane, controller), time.monotonic()
     flipper = threading.Thread(
         target=flips_under_load,
-        args=(args, clients.get(), flippers, tainted, controller, soak, stop),
+        args=(args, clients.get(), flippers, tainted, controller, soak, stop, busy),
         daemon=True,
     )
-    with scale.Heartbeats(clients, spares, args.heartbeats) as beats:
+    with scale.Heartbeats(clients, everyone, args.heartbeats, busy) as beats:
         flipper.start()
         while (elapsed := time.monotonic() - started) < args.soak_s:
             controller.check_alive()
@@ -171,7 +180,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     take = iter(order)
     flippers = [scale.node_name(next(take)) for _ in range(flips_at_most)]
     masses = [scale.node_name(next(take)) for _ in range(args.flip)]
-    spares = [scale.node_name(i) for i in take]
+    everyone = [scale.node_name(i) for i in range(args.nodes)]
     plane = ControlPlane(workdir, testenv_bin())
     plane.start()
     clients = scale.Clients(plane.admin_kubeconfig)
@@ -194,7 +203,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         scale.Watch(plane, "/api/v1/nodes", scale.TAINT, on_node)
         controller = scale.start_controller(plane, workdir, None)
         scale.settle(args, controller, results)
-        soak = soak_phase(args, clients, plane, controller, flippers, spares, tainted)
+        soak = soak_phase(args, clients, plane, controller, flippers, everyone, tainted)
         time.sleep(2)
         scale.mass_flip(args, clients, masses, tainted, results)
         results.end_rss, results.end_hwm = controller.memory_mib()
@@ -214,6 +223,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "rss_end_mib": end,
             "rss_growth_pct": grew,
             "flips": len(soak.flips_ms),
+            "flipped_nodes_tainted_before": soak.tainted_before,
             "flips_p50_ms": statistics.median(soak.flips_ms),
             "flips_p99_ms": scale.quantile(soak.flips_ms, 0.99),
             "flips_max_ms": max(soak.flips_ms),
