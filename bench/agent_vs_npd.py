@@ -70,6 +70,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpuguard.config import CHECK_NAMES  # noqa: E402
 from tests.support.controlplane import ControlPlane, free_port  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "healthy-h100"
@@ -269,7 +270,7 @@ def quantile(values: list[float], q: float) -> float:
     return cuts[round(q * 100) - 1]
 
 
-def run(iterations: int, quiet_s: float, workdir: Path) -> None:
+def run(iterations: int, quiet_s: float, workdir: Path, *, like_npd: bool = False) -> None:
     bin_dir = testenv_bin_with_npd()
     npd_bin = bin_dir / "node-problem-detector"
     plane = ControlPlane(workdir, bin_dir)
@@ -291,7 +292,11 @@ def run(iterations: int, quiet_s: float, workdir: Path) -> None:
         shared.new_boot()
 
         config = workdir / "gpuguard.yaml"
-        config.write_text(f"metrics_port: {free_port()}\n")
+        text = f"metrics_port: {free_port()}\n"
+        if like_npd:  # the other checks once at start, then hourly: the kernel log alone
+            hourly = {name: 3600 for name in CHECK_NAMES if name != "kernel-log"}
+            text += f"check_intervals: {json.dumps(hourly)}\n"
+        config.write_text(text)
         npd_config = json.loads(NPD_CONFIG.read_text())
         npd_config["logPath"] = str(shared.path)
         npd_config_path = workdir / "xid-monitor.json"
@@ -413,10 +418,16 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--quiet-s", type=float, default=60.0, help="CPU window, seconds")
     parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
+    parser.add_argument(
+        "--like-npd",
+        action="store_true",
+        help="the agent's other checks hourly (after the first round): the kernel log alone, "
+        "the one job this NPD is given",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="gpuguard-vs-npd-"))
     try:
-        run(args.iterations, args.quiet_s, workdir)
+        run(args.iterations, args.quiet_s, workdir, like_npd=args.like_npd)
     finally:
         if args.keep:
             print(f"work directory kept: {workdir}")
