@@ -68,9 +68,7 @@ def list_then_watch(
         snapshot = relist()
         version = snapshot.resource_version
         yield snapshot
-        # Not kept for the watch's life: the caller's cache replaces these objects one by
-        # one, and a list held here would keep every replaced one (the whole fleet, twice).
-        del snapshot
+        del snapshot  # held for the watch's life, it would keep every object since replaced
     while not stopped():
         try:
             for event in api.watch(
