@@ -351,7 +351,7 @@ class Controller:
         )
         self.breakers.save(done.plan.breaker)
         self.quarantine.settled(reconciler.episodes.keys() & ahead)
-        self.workloads.mark_ahead(observations, cache, now)
+        self.workloads.mark_ahead(observations, cache.take_lost(), now)
         self.replacements.take(done.plan, now)
         if self.replacements.awaiting:
             with cache.lock:

@@ -160,6 +160,14 @@ class NodeCache:
     def _with_crashes(self, observed: NodeObservation, now: float) -> NodeObservation:
         return with_crash_layer(observed, self.parts.attribution.layer(observed.name, now))
 
+    def take_lost(self) -> list[tuple[str, bool]]:
+        """The nodes lost (not Ready, or gone) since the last call, each with whether its
+        Node is still there; a gone one is given once, a not-Ready one until it is back."""
+        with self.lock:
+            lost = [(name, name in self.nodes) for name in self.lost]
+            self.lost = {name for name, there in lost if there}
+        return lost
+
     def node_at(self, name: str) -> NodeAtFailure:
         with self.lock:
             return node_at(self.nodes.get(name), self.observed.get(name))

@@ -11,7 +11,6 @@ from enum import Enum
 
 from gpuguard.controller.apply import Applier
 from gpuguard.controller.attribution import Attributor
-from gpuguard.controller.nodes import NodeCache
 from gpuguard.controller.pods import PodCache
 from gpuguard.controller.slis import ServiceLevels
 from gpuguard.kube.rest import WatchEvent
@@ -65,7 +64,10 @@ class Workloads:
         return item.resource_version
 
     def mark_ahead(
-        self, observations: Mapping[str, NodeObservation], nodes: NodeCache, now: float
+        self,
+        observations: Mapping[str, NodeObservation],
+        lost: list[tuple[str, bool]],
+        now: float,
     ) -> None:
         """The training pods still running on a node at fault, or lost, are the
         infrastructure's should they fail: marked now, before the Job controller can
@@ -79,10 +81,7 @@ class Workloads:
             pods = self.pods.running_on(name, episode.gpus)
             cause = Cause.GPU_FAULT if episode.gpus else Cause.NODE_FAULT
             self.attribution.mark_ahead(pods, cause, f"node {name} at fault: {codes}", now)
-        with nodes.lock:
-            lost = [(name, name in nodes.nodes) for name in nodes.lost]
-            nodes.lost = {name for name, there in lost if there}  # gone: marked once
-        for name, there in lost:
+        for name, there in lost:  # from NodeCache.take_lost: a gone node comes once
             why = f"node {name} is not Ready" if there else f"node {name} is gone"
             self.attribution.mark_ahead(self.pods.running_on(name), Cause.NODE_LOST, why, now)
 
