@@ -89,6 +89,7 @@ class _QuietServer(ThreadingHTTPServer):
     def shutdown(self) -> None:
         stopped = threading.Event()
         host, port = str(self.server_address[0]), int(self.server_address[1])
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # knock on loopback
 
         def knock() -> None:
             while not stopped.wait(0.05):

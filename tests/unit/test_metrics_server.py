@@ -23,3 +23,11 @@ def test_the_endpoint_answers_and_stops_at_once_when_shut_down():
     threading.Thread(target=lambda: (server.shutdown(), done.set()), daemon=True).start()
     assert done.wait(2.0), "shutdown waited for a poll"
     server.server_close()
+
+
+def test_an_endpoint_on_every_address_is_woken_on_loopback():
+    server = serve(AgentMetrics(), 0)  # 0.0.0.0, as the agent and the controller serve it
+    done = threading.Event()
+    threading.Thread(target=lambda: (server.shutdown(), done.set()), daemon=True).start()
+    assert done.wait(2.0), "shutdown waited for a poll"
+    server.server_close()
