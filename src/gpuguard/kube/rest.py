@@ -338,14 +338,16 @@ class KubeApi:
         decode: Callable[[bytes], Json] | None = None,
         timeout_s: float | None = None,
     ) -> Json:
-        if method != "GET" and self._fence is not None and not self._fence():
-            raise KubeFenced(f"{method} {path} not sent: {self._fenced_what}")
         content = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}
         if content is not None:
             headers["Content-Type"] = content_type
         try:
             with self._inflight.busy(f"{method} {path}"):
+                # As late as the client allows: a write past this check when the
+                # process froze goes out on thaw (state writes carry a resourceVersion).
+                if method != "GET" and self._fence is not None and not self._fence():
+                    raise KubeFenced(f"{method} {path} not sent: {self._fenced_what}")
                 response = self._http.request(
                     method,
                     path,
