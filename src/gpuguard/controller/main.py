@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import threading
 
-from gpuguard import logs
+from gpuguard import logs, threads
 from gpuguard.clock import SYSTEM_CLOCK, OffsetClock
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
@@ -16,6 +17,22 @@ from gpuguard.metrics_server import serve
 from gpuguard.remediation.policy import Policy, load_policy
 
 log = logging.getLogger("gpuguard.controller")
+
+
+def collect_after_start(ready: threading.Event, stop: threading.Event) -> None:
+    """The Node cache filled at start lives as long as the process, and the cyclic
+    collector would walk it again and again while it grows (a seventh of the start's CPU
+    at 100,000 Nodes). The collector waits until ready; what the start made is then set
+    aside from its walks (``gc.freeze``): nothing in it is garbage yet."""
+    gc.disable()
+
+    def settle(stop: threading.Event) -> None:
+        while not (ready.wait(1.0) or stop.is_set()):
+            pass
+        gc.freeze()
+        gc.enable()
+
+    threads.start("collect-after-start", settle, stop)
 
 
 def run_controller(args: argparse.Namespace) -> int:
@@ -27,6 +44,7 @@ def run_controller(args: argparse.Namespace) -> int:
     if args.metrics_port:
         serve(metrics, args.metrics_port)
     stop = threading.Event()
+    collect_after_start(metrics.ready, stop)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     controller = Controller(
