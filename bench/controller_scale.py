@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -723,18 +724,26 @@ class Heartbeats:
     """What a fleet's agents write while nothing is wrong: each node rewrites its
     conditions and its report every ``heartbeat_interval_s`` (180 s by default), so a
     fleet of N nodes makes about 2 N / 180 Node writes a second. Written here at ``rate``
-    to the spare (never flipped) nodes, alternating the two kinds of write."""
+    (both writes of a node's heartbeat, one after the other), the nodes taken in turn, so
+    that each is heard again within N / (rate / 2) s even when the writers fall behind
+    (a node chosen at random could wait past ``agent_timeout_s`` and go silent)."""
 
     def __init__(
-        self, clients: Clients, names: list[str], rate: float, busy: Collection[str] = ()
+        self,
+        clients: Clients,
+        names: list[str],
+        rate: float,
+        busy: Collection[str] = (),
+        writers: int = 4,
     ) -> None:
         self.clients, self.names, self.rate = clients, names, rate
         self.busy = busy  # nodes whose agent is reporting a fault just now: skipped
         self.stop = threading.Event()
-        self.written = [0] * 4  # per thread
+        self.written = [0] * writers  # per thread
         self.achieved = 0.0
         self._threads = [
-            threading.Thread(target=self._run, args=(k, 4), daemon=True) for k in range(4)
+            threading.Thread(target=self._run, args=(k, writers), daemon=True)
+            for k in range(writers)
         ]
 
     def __enter__(self) -> Heartbeats:
@@ -751,26 +760,21 @@ class Heartbeats:
 
     def _run(self, k: int, of: int) -> None:
         api = self.clients.get()
-        rng = random.Random(k)
-        period = of / self.rate
+        period = 2 * of / self.rate
         due = time.monotonic() + k * period / of
-        n = 0
-        while not self.stop.is_set():
-            self.stop.wait(max(0.0, due - time.monotonic()))
+        for name in itertools.cycle(self.names[k::of]):
+            if self.stop.wait(max(0.0, due - time.monotonic())):
+                return
             due += period
-            name = rng.choice(self.names)
             if name in self.busy:
                 continue
             now = _rfc3339(time.time())
-            if n % 2 == 0:
-                condition = {"type": GPU_CONDITION, "status": "True", "lastHeartbeatTime": now}
-                body = {"status": {"conditions": [condition]}}
-                api.patch(f"/api/v1/nodes/{name}/status", body, "strategic")
-            else:
-                report = healthy_report(time.time())
-                api.patch(f"/api/v1/nodes/{name}", {"metadata": {"annotations": {REPORT: report}}})
-            n += 1
-            self.written[k] += 1
+            condition = {"type": GPU_CONDITION, "status": "True", "lastHeartbeatTime": now}
+            body = {"status": {"conditions": [condition]}}
+            api.patch(f"/api/v1/nodes/{name}/status", body, "strategic")
+            report = healthy_report(time.time())
+            api.patch(f"/api/v1/nodes/{name}", {"metadata": {"annotations": {REPORT: report}}})
+            self.written[k] += 2
 
 
 def pod_body(name: str, node: str) -> dict[str, Any]:

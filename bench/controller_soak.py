@@ -29,7 +29,6 @@ Results: docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 import shutil
@@ -55,6 +54,8 @@ from tests.support.controlplane import ControlPlane, testenv_bin
 @dataclass
 class Soak:
     rss: list[tuple[float, float]] = field(default_factory=list)  # (s since soak start, MiB)
+    # Beside each RSS sample: open episodes and silent agents (what memory may rightly hold)
+    episodes: list[tuple[float, float, float]] = field(default_factory=list)
     flips_ms: list[float] = field(default_factory=list)
     tainted_before: int = 0  # flipped nodes already tainted (by silence, say): not timed
     heartbeat_rate: float = 0.0
@@ -130,14 +131,20 @@ def soak_phase(
         args=(args, clients.get(), flippers, tainted, controller, soak, stop, busy),
         daemon=True,
     )
-    with scale.Heartbeats(clients, everyone, args.heartbeats, busy) as beats:
+    with scale.Heartbeats(clients, everyone, args.heartbeats, busy, args.writers) as beats:
         flipper.start()
         while (elapsed := time.monotonic() - started) < args.soak_s:
             controller.check_alive()
             rss, _ = controller.memory_mib()
             soak.rss.append((elapsed, rss))
+            opened, silent = open_episodes(controller)
+            soak.episodes.append((elapsed, opened, silent))
             if len(soak.rss) % 10 == 1:
-                print(f"  {elapsed:6.0f} s: RSS {rss:.1f} MiB", flush=True)
+                print(
+                    f"  {elapsed:6.0f} s: RSS {rss:.1f} MiB, {opened:.0f} open episodes, "
+                    f"{silent:.0f} silent agents",
+                    flush=True,
+                )
             time.sleep(min(args.sample_s, max(0.0, args.soak_s - elapsed)))
         stop.set()
         flipper.join(120)
@@ -146,6 +153,13 @@ def soak_phase(
     rss, _ = controller.memory_mib()
     soak.rss.append((time.monotonic() - started, rss))
     return soak
+
+
+def open_episodes(controller: scale.ControllerProcess) -> tuple[float, float]:
+    """(open episodes, silent agents) as the controller's metrics say."""
+    metrics = controller.scrape()
+    opened = sum(v for k, v in metrics.items() if k.startswith("gpuguard_controller_nodes{"))
+    return opened, metrics.get("gpuguard_controller_silent_agents", 0.0)
 
 
 def growth(soak: Soak, warm_s: float) -> tuple[float, float, float]:
@@ -233,6 +247,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "end_rss_mib": results.end_rss,
             "end_hwm_mib": results.end_hwm,
             "rss": soak.rss,
+            "most_open_episodes": max((e[1] for e in soak.episodes), default=0.0),
+            "most_silent_agents": max((e[2] for e in soak.episodes), default=0.0),
+            "episodes": soak.episodes,
         }
     finally:
         if controller is not None:
@@ -252,7 +269,8 @@ def main() -> None:
     parser.add_argument("--flip", type=int, default=300, help="nodes flipped at once at the end")
     parser.add_argument("--heartbeats", type=float, help="default: 2 x nodes / 180")
     parser.add_argument("--images", type=int, default=40)
-    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=16, help="writers creating the fleet")
+    parser.add_argument("--writers", type=int, default=8, help="heartbeat writers")
     parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument("--quiet-s", type=float, default=20.0)
     parser.add_argument("--plot", type=Path, help="write the RSS curve as an SVG here")
@@ -267,7 +285,9 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(found, indent=1))
-    for key, value in itertools.islice(found.items(), len(found) - 1):
+    for key, value in found.items():
+        if isinstance(value, list):
+            continue  # the samples: in --json
         print(f"{key:<22} {value:.1f}" if isinstance(value, float) else f"{key:<22} {value}")
 
 
