@@ -3,6 +3,8 @@ it says about those it cannot read."""
 
 from __future__ import annotations
 
+import random
+
 from gpuguard.contract.conditions import POSITION_CONDITION
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.observe import (
@@ -183,3 +185,49 @@ def test_a_fleet_without_position_labels_is_counted_not_told_node_by_node():
         assert len(batch) <= MOST_NOTICES
         told += [n.node for n in batch]
     assert sorted(told) == sorted(f"n{i}" for i in range(1000))
+
+
+def test_what_is_kept_as_nodes_change_matches_the_fleet_read_afresh():
+    """The bookkeeping is kept node by node (a pass must not walk 100,000 Nodes); after
+    any sequence of changes, its gauges and Events are what the fleet itself shows."""
+    rng = random.Random(5)
+    readings = [
+        PositionReading("rack=r1,position=u1"),
+        PositionReading("rack=r1,position=u2"),
+        read_position({}, DEFAULT_POSITION_LABELS),
+        read_position({"rack": "r1"}, DEFAULT_POSITION_LABELS),
+        PositionReading(problem=TOO_LONG),
+    ]
+    positions, metrics = Positions(), ControllerMetrics()
+    fleet: dict[str, tuple[PositionReading, bool]] = {}
+    told: set[str] = set()
+    for step in range(400):
+        name = f"n{rng.randrange(12)}"
+        before = fleet.get(name)
+        if rng.random() < 0.15:
+            fleet.pop(name, None)
+            positions.drop(name)
+        else:
+            fleet[name] = (rng.choice(readings), rng.random() < 0.8)
+            positions.put(name, fleet[name][0], reporting=fleet[name][1])
+        if fleet.get(name) != before:
+            told.discard(name)  # unknown in a new way (or again): told again
+        notices = positions.untold(metrics)
+
+        unknown = {n: r for n, (r, reporting) in fleet.items() if r.problem and reporting}
+        for reason in (UNLABELLED, INCOMPLETE, TOO_LONG):
+            count = sum(r.problem == reason for r in unknown.values())
+            gauge = "gpuguard_controller_nodes_without_position"
+            assert sample(metrics.registry, gauge, reason=reason) == count, step
+        claims: dict[str, set[str]] = {}
+        for n, (r, _) in fleet.items():
+            if r.position:
+                claims.setdefault(r.position, set()).add(n)
+        shared = sum(len(names) > 1 for names in claims.values())
+        assert sample(metrics.registry, "gpuguard_controller_shared_positions") == shared, step
+        told = {n for n in told if n in unknown}
+        said = {n.node for n in notices if n.reason == POSITION_UNKNOWN}
+        assert not said & told, f"told twice at step {step}"
+        told |= said
+        if claims:  # a fleet with positions: every unknown node has been told by now
+            assert told >= set(unknown) or len(said) == MOST_NOTICES, step

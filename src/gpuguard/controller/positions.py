@@ -13,6 +13,7 @@ first pass). At most :data:`MOST_NOTICES` Events go out per pass; the rest follo
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from typing import NamedTuple
 
@@ -33,12 +34,16 @@ class Notice(NamedTuple):
 
 
 class Positions:
-    """Not thread-safe: the controller calls it under its Node cache's lock."""
+    """Not thread-safe: the controller calls it under its Node cache's lock. Kept as the
+    Nodes change, so that a pass's :meth:`untold` costs what it tells, not the fleet."""
 
     def __init__(self) -> None:
         self._at: dict[str, str] = {}  # live node -> its position (known ones only)
         self._claims: dict[str, set[str]] = {}  # position -> the live nodes claiming it
+        self._shared: set[str] = set()  # positions claimed by more than one live node
         self._unknown: dict[str, PositionReading] = {}  # reporting node -> why unknown
+        self._by_problem: Counter[str] = Counter()  # the readings in _unknown, by problem
+        self._untold: dict[bool, set[str]] = {True: set(), False: set()}  # by "unlabelled"
         self._told_unknown: set[str] = set()
         self._told_shared: set[tuple[str, frozenset[str]]] = set()
 
@@ -50,11 +55,12 @@ class Positions:
         history the policy can read."""
         if reading.problem and reporting:
             if self._unknown.get(name) != reading:
-                self._told_unknown.discard(name)
-            self._unknown[name] = reading
+                self._forget_unknown(name)
+                self._unknown[name] = reading
+                self._by_problem[reading.problem] += 1
+                self._untold[reading.problem == UNLABELLED].add(name)
         else:
-            self._unknown.pop(name, None)
-            self._told_unknown.discard(name)
+            self._forget_unknown(name)
         position = reading.position
         old = self._at.get(name, "")
         if position == old:
@@ -64,20 +70,26 @@ class Positions:
             claims = self._claims.setdefault(position, set())
             affected |= claims
             claims.add(name)
+            if len(claims) > 1:
+                self._shared.add(position)
             self._at[name] = position
         return affected
 
     def drop(self, name: str) -> set[str]:
         """The Node is gone: the nodes that shared its position no longer do."""
-        self._unknown.pop(name, None)
-        self._told_unknown.discard(name)
+        self._forget_unknown(name)
         return self._leave(name, self._at.get(name, ""))
 
     def clear(self) -> None:
-        """Before a fresh list: every node is put again (what was told stays told)."""
+        """Before a fresh list: every node is put again (and told again if still unknown:
+        its reading is new to this cache)."""
         self._at.clear()
         self._claims.clear()
+        self._shared.clear()
         self._unknown.clear()
+        self._by_problem.clear()
+        for untold in self._untold.values():
+            untold.clear()
 
     def shared_with(self, name: str) -> tuple[str, ...]:
         position = self._at.get(name, "")
@@ -86,21 +98,20 @@ class Positions:
     def untold(self, metrics: ControllerMetrics) -> list[Notice]:
         """Set the gauges; the Events not given yet in this run, each given once (an Event
         is best effort), for the caller to send outside the cache's lock."""
-        reasons = Counter(reading.problem for reading in self._unknown.values())
         for reason in (UNLABELLED, INCOMPLETE, TOO_LONG):
-            metrics.nodes_without_position.labels(reason).set(reasons.get(reason, 0))
+            metrics.nodes_without_position.labels(reason).set(self._by_problem[reason])
+        # A fleet with no position labels at all uses names, as configured: not told.
         fleet_has_positions = bool(self._at)
-        untold = [
-            name
-            for name in sorted(self._unknown.keys() - self._told_unknown)
-            if fleet_has_positions or self._unknown[name].problem != UNLABELLED
-        ][:MOST_NOTICES]
+        waiting = self._untold[False] | (self._untold[True] if fleet_has_positions else set())
+        untold = heapq.nsmallest(MOST_NOTICES, waiting)
         notices = [
             Notice(name, POSITION_UNKNOWN, f"Node {name} {self._unknown[name].describe()}")
             for name in untold
         ]
+        for name in untold:
+            self._untold[self._unknown[name].problem == UNLABELLED].discard(name)
         self._told_unknown.update(untold)
-        shared = {p: frozenset(names) for p, names in self._claims.items() if len(names) > 1}
+        shared = {p: frozenset(self._claims[p]) for p in self._shared}
         metrics.shared_positions.set(len(shared))
         self._told_shared &= set(shared.items())  # shared again later: told again
         for position, names in sorted(shared.items()):
@@ -115,12 +126,21 @@ class Positions:
             self._told_shared.add((position, names))
         return notices
 
+    def _forget_unknown(self, name: str) -> None:
+        reading = self._unknown.pop(name, None)
+        if reading is not None:
+            self._by_problem[reading.problem] -= 1
+            self._untold[reading.problem == UNLABELLED].discard(name)
+        self._told_unknown.discard(name)
+
     def _leave(self, name: str, position: str) -> set[str]:
         self._at.pop(name, None)
         if not position:
             return set()
         claims = self._claims[position]
         claims.discard(name)
+        if len(claims) < 2:
+            self._shared.discard(position)
         if not claims:
             del self._claims[position]
         return set(claims)
