@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpuguard.contract.conditions import POSITION_CONDITION
-from gpuguard.kube.fleet import decode_node_page, slim_node
+from gpuguard.kube.api_errors import KubeExpired
+from gpuguard.kube.fleet import decode_node, decode_node_page, slim_node
+from gpuguard.kube.rest import WatchEvent, watch_event
 
 
 def condition(kind: str, status: str) -> dict[str, str]:
@@ -81,3 +85,23 @@ def test_nodes_share_their_repeated_words_however_they_were_read():
             listed["status"]["conditions"], other["status"]["conditions"], strict=True
         ):
             assert all(theirs[word] is mine[word] for word in ("type", "status", "reason"))
+
+
+def test_a_watched_node_is_decoded_as_slim_node_shrinks_it():
+    line = json.dumps({"type": "MODIFIED", "object": NODE})
+    event = watch_event(line, decode_node)
+    assert event == WatchEvent("MODIFIED", slim_node(NODE))
+    assert watch_event(line) == WatchEvent("MODIFIED", NODE)  # no decoder: the whole object
+
+
+def test_a_watch_error_is_raised_as_its_status_whatever_decodes_objects():
+    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    line = json.dumps({"type": "ERROR", "object": gone})
+    for decoder in (None, decode_node):
+        with pytest.raises(KubeExpired, match="too old"):
+            watch_event(line, decoder)
+
+
+def test_a_watched_node_the_typed_reading_refuses_is_read_as_slim_node_reads_it():
+    odd = {**NODE, "metadata": {**NODE["metadata"], "annotations": None}}
+    assert decode_node(json.dumps(odd).encode()) == slim_node(odd)

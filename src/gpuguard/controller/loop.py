@@ -42,7 +42,7 @@ from gpuguard.controller.watches import Watched
 from gpuguard.controller.watches import start as watches_start
 from gpuguard.controller.workloads import Wake, Workloads
 from gpuguard.kube.errors import KubeError, KubeFenced
-from gpuguard.kube.fleet import decode_node_page, slim_node
+from gpuguard.kube.fleet import decode_node, decode_node_page
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
 from gpuguard.kube.remediations import (
@@ -160,8 +160,9 @@ class Controller:
         self.watch_threads = watches = watches_start(
             self.api,
             [
-                # Nodes are listed through the decoder that skips what slim_node drops.
-                Watched("nodes", NODES.path(), self._take_nodes, slim_node, decode_node_page),
+                Watched(
+                    "nodes", NODES.path(), self._take_nodes, None, decode_node_page, decode_node
+                ),
                 Watched("noderemediations", NODE_REMEDIATIONS.path(), self._take_answers),
                 Watched("pods", PODS.path(), self._take_pods, slim_pod),
                 Watched("jobs", JOBS.path(), self.workloads.take_jobs, slim_job),

@@ -26,6 +26,7 @@ class Watched:
     take: Fold
     project: Callable[[Json], Json] | None = None  # shrinks each object as it arrives
     decode: Callable[[bytes], Json] | None = None  # decodes list pages already shrunk
+    decode_object: Callable[[bytes], Json] | None = None  # decodes watched objects so
 
 
 def start(
@@ -61,6 +62,7 @@ def follow(
             watched.path,
             project=watched.project,
             decode_page=watched.decode,
+            decode_object=watched.decode_object,
             resource_version=version,
             stop=stop,
         )

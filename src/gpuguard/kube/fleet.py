@@ -12,6 +12,7 @@ the node is already in writes nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
@@ -71,9 +72,9 @@ def slim_node(node: Json) -> Json:
     if spec.get("providerID"):
         slim_spec["providerID"] = spec["providerID"]
     kept = {key: metadata[key] for key in _KEPT_METADATA if key in metadata}
-    if "labels" in kept:
+    if isinstance(kept.get("labels"), dict):
         kept["labels"] = _shared_labels(kept["labels"])
-    if "annotations" in kept:
+    if isinstance(kept.get("annotations"), dict):
         kept["annotations"] = _shared_keys(kept["annotations"])
     return {
         "metadata": kept,
@@ -120,17 +121,34 @@ class _NodePage(msgspec.Struct):
 
 
 _NODE_PAGE = msgspec.json.Decoder(_NodePage)
+_NODE = msgspec.json.Decoder(_SlimNode)
 
 
 def decode_node_page(content: bytes) -> Json:
     """A page of a Node list decoded straight into :func:`slim_node`'s shape."""
     page = _NODE_PAGE.decode(content)
     for node in page.items:
-        metadata = node.metadata
-        metadata.labels = _shared_labels(metadata.labels)
-        metadata.annotations = _shared_keys(metadata.annotations)
-        node.status.conditions = kept_conditions(node.status.conditions)
+        _slimmed(node)
     return {"items": msgspec.to_builtins(page.items), "metadata": page.metadata}
+
+
+def decode_node(content: bytes) -> Json:
+    """One Node (a watch event's object) decoded straight into :func:`slim_node`'s shape;
+    one the typed reading refuses (a null where a map goes) is read as ``slim_node`` reads
+    it, and judged by the projection as before."""
+    try:
+        node: Json = msgspec.to_builtins(_slimmed(_NODE.decode(content)))
+    except msgspec.ValidationError:
+        return slim_node(json.loads(content))
+    return node
+
+
+def _slimmed(node: _SlimNode) -> _SlimNode:
+    metadata = node.metadata
+    metadata.labels = _shared_labels(metadata.labels)
+    metadata.annotations = _shared_keys(metadata.annotations)
+    node.status.conditions = kept_conditions(node.status.conditions)
+    return node
 
 
 def get_node(api: KubeApi, name: str) -> Json:

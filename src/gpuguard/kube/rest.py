@@ -27,6 +27,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx2
+import msgspec
 from lightkube import KubeConfig
 from lightkube.config.client_adapter import Client as http_client_for
 from lightkube.config.client_adapter import ConnectionParams
@@ -128,6 +129,25 @@ class WatchEvent:
     @property
     def resource_version(self) -> str:
         return str(self.object.get("metadata", {}).get("resourceVersion", ""))
+
+
+class _WatchLine(msgspec.Struct):
+    type: str = "None"
+    object: msgspec.Raw = msgspec.Raw()
+
+
+_WATCH_LINE = msgspec.json.Decoder(_WatchLine)
+
+
+def watch_event(line: str, decode_object: Callable[[bytes], Json] | None = None) -> WatchEvent:
+    """One line of a watch (an ``ERROR`` is raised), its object decoded by ``decode_object``
+    straight into the shape the caller keeps, if given, not by ``json.loads``."""
+    read = _WATCH_LINE.decode(line)
+    kind, raw = read.type, bytes(read.object) or b"{}"
+    obj = decode_object(raw) if decode_object and kind != "ERROR" else json.loads(raw)
+    if kind == "ERROR":
+        raise error_for(int(obj.get("code") or 500), obj)
+    return WatchEvent(kind, obj)
 
 
 def load_api_for_command(kubeconfig: Path | None) -> KubeApi:
@@ -286,6 +306,7 @@ class KubeApi:
         field_selector: str = "",
         timeout_s: int = WATCH_TIMEOUT_S,
         stop: threading.Event | None = None,
+        decode_object: Callable[[bytes], Json] | None = None,
     ) -> Iterator[WatchEvent]:
         """Stream changes after ``resource_version``, bookmarks included, until the server
         ends the watch (about ``timeout_s``). An ``ERROR`` line is raised as its status:
@@ -319,11 +340,7 @@ class KubeApi:
                         return
                     if not line.strip():
                         continue
-                    event = json.loads(line)
-                    if event.get("type") == "ERROR":
-                        status = event.get("object") or {}
-                        raise error_for(int(status.get("code") or 500), status)
-                    yield WatchEvent(str(event.get("type")), event.get("object") or {})
+                    yield watch_event(line, decode_object)
         except (httpx2.HTTPError, OSError) as exc:
             raise KubeUnavailable(f"{what}: {type(exc).__name__}: {exc}") from None
 

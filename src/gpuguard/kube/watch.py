@@ -41,6 +41,7 @@ def list_then_watch(
     field_selector: str = "",
     project: Callable[[Json], Json] | None = None,
     decode_page: Callable[[bytes], Json] | None = None,
+    decode_object: Callable[[bytes], Json] | None = None,
     resource_version: str = "",
     stop: threading.Event | None = None,
     watch_timeout_s: int = WATCH_TIMEOUT_S,
@@ -52,23 +53,23 @@ def list_then_watch(
     the caller may call again with the last version it saw). ``stop`` is checked between
     events and between watch requests, which the server ends every ``watch_timeout_s``; to
     stop at once, set ``stop`` and call ``api.end_watches(stop)`` (or close ``api``): the
-    broken read then ends quietly. ``decode_page`` decodes the list's pages into their
-    projected shape at once (``project`` then shrinks the watch's objects only).
-    """
-
-    def stopped() -> bool:
-        return stop is not None and stop.is_set()
-
-    def relist() -> Snapshot:
-        listing = _list(api, path, label_selector, field_selector, project, decode_page)
-        return Snapshot(listing.items, listing.resource_version)
+    broken read then ends quietly. ``decode_page`` and ``decode_object`` decode the list's
+    pages and the watch's objects into their projected shape at once; ``project`` shrinks
+    what they do not decode."""
+    shrink = None if decode_object else project
+    stopped = (stop or threading.Event()).is_set
 
     version = resource_version
+
+    def relist() -> Snapshot:
+        """Yielded, never kept: the watch would hold every object since replaced."""
+        nonlocal version
+        listing = _list(api, path, label_selector, field_selector, project, decode_page)
+        version = listing.resource_version
+        return Snapshot(listing.items, version)
+
     if not version:
-        snapshot = relist()
-        version = snapshot.resource_version
-        yield snapshot
-        del snapshot  # held for the watch's life, it would keep every object since replaced
+        yield relist()
     while not stopped():
         try:
             for event in api.watch(
@@ -78,17 +79,15 @@ def list_then_watch(
                 field_selector=field_selector,
                 timeout_s=watch_timeout_s,
                 stop=stop,
+                decode_object=decode_object,
             ):
                 version = event.resource_version or version
                 if event.type != "BOOKMARK":
-                    yield WatchEvent(event.type, project(event.object)) if project else event
+                    yield WatchEvent(event.type, shrink(event.object)) if shrink else event
                 if stopped():
                     return
         except KubeExpired:
-            snapshot = relist()
-            version = snapshot.resource_version
-            yield snapshot
-            del snapshot
+            yield relist()
         except KubeUnavailable:
             if stopped():
                 return  # the caller ended the blocked read on purpose
