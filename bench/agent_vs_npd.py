@@ -40,9 +40,13 @@ are measured in steady state on every iteration.
 Then, with nothing written to the log, each agent's CPU (utime+stime from
 ``/proc/PID/stat``) is measured over a quiet window as a percentage of one core, and its
 resident memory (``VmRSS``, and the peak ``VmHWM``) is read from ``/proc/PID/status``.
-Both keep their metrics endpoints on (free local ports), as deployed.
+Both keep their metrics endpoints on (free local ports), as deployed. gpuguard's
+NodeRemediation CRD is installed, as the chart does: without it the agent's watch of its
+repair requests is refused and it reads them every 2 s instead (runs before 2026-12-04's
+last did that, which was about half of the agent's idle CPU).
 
-Run: ``.venv/bin/python bench/agent_vs_npd.py [--iterations 50] [--quiet-s 60]``; needs Go
+Run: ``.venv/bin/python bench/agent_vs_npd.py [--iterations 50] [--quiet-s 60]
+[--gpuguard PATH]`` (the agent's program; its ``PYTHONPATH`` picks the sources); needs Go
 and the Go module proxy the first time (``hack/testenv npd`` builds NPD, ~5 min cold).
 Results go in docs/BENCHMARKS.md.
 """
@@ -71,6 +75,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuguard.config import CHECK_NAMES  # noqa: E402
+from gpuguard.kube.rest import load_api  # noqa: E402
+from tests.support.cluster import install_gpuguard_crd  # noqa: E402
 from tests.support.controlplane import ControlPlane, free_port  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "healthy-h100"
@@ -270,13 +276,22 @@ def quantile(values: list[float], q: float) -> float:
     return cuts[round(q * 100) - 1]
 
 
-def run(iterations: int, quiet_s: float, workdir: Path, *, like_npd: bool = False) -> None:
+def run(
+    iterations: int,
+    quiet_s: float,
+    workdir: Path,
+    *,
+    like_npd: bool = False,
+    program: Path = GPUGUARD,
+) -> None:
     bin_dir = testenv_bin_with_npd()
     npd_bin = bin_dir / "node-problem-detector"
     plane = ControlPlane(workdir, bin_dir)
     plane.start()
     agents: list[Agent] = []
     try:
+        with load_api(plane.admin_kubeconfig) as api:
+            install_gpuguard_crd(api)  # as the chart does: the agent watches its requests
         for name in (GPUGUARD_NODE, NPD_NODE):
             plane.request(
                 "POST",
@@ -307,7 +322,7 @@ def run(iterations: int, quiet_s: float, workdir: Path, *, like_npd: bool = Fals
             "gpuguard agent",
             start(
                 [
-                    str(GPUGUARD),
+                    str(program),
                     "agent",
                     f"--node-name={GPUGUARD_NODE}",
                     f"--kubeconfig={plane.admin_kubeconfig}",
@@ -424,10 +439,16 @@ def main() -> None:
         help="the agent's other checks hourly (after the first round): the kernel log alone, "
         "the one job this NPD is given",
     )
+    parser.add_argument(
+        "--gpuguard",
+        type=Path,
+        default=GPUGUARD,
+        help="the gpuguard program to run (default: the repository's .venv/bin/gpuguard)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="gpuguard-vs-npd-"))
     try:
-        run(args.iterations, args.quiet_s, workdir, like_npd=args.like_npd)
+        run(args.iterations, args.quiet_s, workdir, like_npd=args.like_npd, program=args.gpuguard)
     finally:
         if args.keep:
             print(f"work directory kept: {workdir}")

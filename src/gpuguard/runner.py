@@ -2,17 +2,20 @@
 
 Fail closed: a check that hangs, crashes, or returns garbage becomes an explicit finding
 (``CHECK_TIMED_OUT``, ``CHECK_FAILED``, ``OUTPUT_UNPARSEABLE``) that keeps its layer from
-being Healthy. Each check runs in its own thread; if one is stuck where it cannot be
-interrupted (an NVML call blocked in the driver), the runner abandons it at its deadline and
-still returns on time.
+being Healthy. Each check runs in its own thread (a check run again and again, in one
+long-lived worker thread of its own); if one is stuck where it cannot be interrupted (an
+NVML call blocked in the driver), the runner abandons it at its deadline and still returns
+on time.
 """
 
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuguard.checks.base import Check, CheckContext, Fallback
 from gpuguard.clock import SYSTEM_CLOCK
@@ -130,36 +133,39 @@ def _context(check: Check, sources: Sources, config: Config) -> CheckContext:
 
 @dataclass
 class _Pending:
+    """One run of a check: ``done`` is set once it returned or raised into ``box``."""
+
     check: Check
     ctx: CheckContext
-    thread: threading.Thread
     started: float
-    box: dict[str, object]
+    done: threading.Event = field(default_factory=threading.Event)
+    box: dict[str, object] = field(default_factory=dict)
 
 
 def _start(check: Check, ctx: CheckContext) -> _Pending:
-    box: dict[str, object] = {}
+    pending = _Pending(check, ctx, SYSTEM_CLOCK.monotonic())
     thread = threading.Thread(
-        target=_run_into, args=(check, ctx, box), name=f"check-{check.name}", daemon=True
+        target=_run_into, args=(pending,), name=f"check-{check.name}", daemon=True
     )
-    started = SYSTEM_CLOCK.monotonic()
     thread.start()
-    return _Pending(check, ctx, thread, started, box)
+    return pending
 
 
-def _run_into(check: Check, ctx: CheckContext, box: dict[str, object]) -> None:
+def _run_into(pending: _Pending) -> None:
     try:
-        box["findings"] = check.run(ctx)
+        pending.box["findings"] = pending.check.run(pending.ctx)
     except BaseException as exc:  # a broken check is a verdict, not a crash
-        box["error"] = exc
+        pending.box["error"] = exc
+    finally:
+        pending.done.set()
 
 
 def _collect(pending: _Pending) -> CheckResult:
     deadline = pending.started + pending.ctx.timeout_s + GRACE_S
-    pending.thread.join(max(0.0, deadline - SYSTEM_CLOCK.monotonic()))
+    finished = pending.done.wait(max(0.0, deadline - SYSTEM_CLOCK.monotonic()))
     elapsed = SYSTEM_CLOCK.monotonic() - pending.started
     check = pending.check
-    if pending.thread.is_alive():
+    if not finished:
         return _inconclusive(
             check,
             Outcome.TIMED_OUT,
@@ -203,22 +209,49 @@ def inconclusive_result(
     return CheckResult(name, layer, outcome, [finding], elapsed, detail)
 
 
+class _Worker:
+    """A daemon thread that runs the runs handed to it, one after another, until closed:
+    starting a thread for every run cost more CPU than most checks' runs."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(self._jobs,), name=name, daemon=True).start()
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[_Pending | None]) -> None:
+        while (job := jobs.get()) is not None:
+            _run_into(job)
+
+    def submit(self, check: Check, ctx: CheckContext) -> _Pending:
+        pending = _Pending(check, ctx, SYSTEM_CLOCK.monotonic())
+        self._jobs.put(pending)
+        return pending
+
+    def close(self) -> None:
+        """The thread ends after the run it is in, if any."""
+        self._jobs.put(None)
+
+
 class RepeatingCheck:
     """Runs one check again and again (the agent's schedule) without piling up stuck runs.
 
-    If the previous run is still blocked past its timeout (abandoned, not killed), the next
-    run does not start another copy: it reports the check as still timed out. A tool that
-    outlives its kill is kept in sight the same way, by ``tool_process``: the check runs, but
-    that tool is not started again until the stuck one exits.
+    The runs take turns on one worker thread. If the previous run is still blocked past its
+    timeout (abandoned, not killed), the next run does not start another copy: it reports
+    the check as still timed out, and the worker takes the next run once the stuck one
+    returns. A tool that outlives its kill is kept in sight the same way, by
+    ``tool_process``: the check runs, but that tool is not started again until the stuck
+    one exits.
     """
 
     def __init__(self, check: Check, ctx: CheckContext) -> None:
         self.check = check
         self.ctx = ctx
         self._stuck: _Pending | None = None
+        self._worker = _Worker(f"check-{check.name}")
+        weakref.finalize(self, self._worker.close)
 
     def run_once(self) -> CheckResult:
-        if self._stuck is not None and self._stuck.thread.is_alive():
+        if self._stuck is not None and not self._stuck.done.is_set():
             waited = SYSTEM_CLOCK.monotonic() - self._stuck.started
             since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=waited)
             detail = (
@@ -226,7 +259,11 @@ class RepeatingCheck:
                 f" {since:%Y-%m-%dT%H:%M:%SZ}, {waited:.0f}s); not started again"
             )
             return _inconclusive(self.check, Outcome.TIMED_OUT, detail, 0.0)
-        pending = _start(self.check, self.ctx)
+        pending = self._worker.submit(self.check, self.ctx)
         result = _collect(pending)
-        self._stuck = pending if pending.thread.is_alive() else None
+        self._stuck = None if pending.done.is_set() else pending
         return result
+
+    def close(self) -> None:
+        """No more runs: the worker thread ends (after a stuck run, once it returns)."""
+        self._worker.close()

@@ -13,7 +13,7 @@ from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.agent.node_state import NodeState
 from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.contract.memory import encode_memory
-from gpuguard.kernel_log import followers
+from gpuguard.kernel_log import followers, inotify
 from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.kernel_log.lines import MAX_LINE_BYTES
 from gpuguard.kernel_log.monitor import KernelLogMonitor
@@ -229,6 +229,64 @@ def test_with_inotify_a_line_written_to_a_symlinked_log_arrives_with_no_poll(tmp
         with target.open("a") as handle:
             handle.write(XID79 + "\n")
         wait_for(lambda: any(b": 79," in line for line in sink.delivered()), 10)
+
+
+class CountingFollower(FileFollower):
+    """A FileFollower that counts its looks at the file."""
+
+    looks = 0
+
+    def poll(self, sink, stop=None) -> bool:
+        self.looks += 1
+        return super().poll(sink, stop)
+
+
+@contextlib.contextmanager
+def followed(follower):
+    """``follower`` on its thread, feeding the Sink yielded once it delivered its first read."""
+    sink, stop = Sink(), threading.Event()
+    thread = threading.Thread(target=follower.follow, args=(sink, stop), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: sink.blocks)
+        yield sink
+    finally:
+        stop.set()
+        thread.join(2)
+
+
+def test_with_inotify_a_quiet_log_is_looked_at_rarely(tmp_path):
+    # The backstop look is a wake-up a second of the idle agent; inotify tells of writes.
+    log = tmp_path / "kern.log"
+    log.write_text("boot line\n")
+    follower = CountingFollower(log, poll_s=3600.0)
+    with followed(follower) as sink:
+        time.sleep(2.5)
+        assert follower.looks == 1
+        with log.open("a") as handle:
+            handle.write(XID79 + "\n")
+        wait_for(lambda: any(b": 79," in line for line in sink.delivered()), 10)
+    assert not follower.untold
+
+
+def test_a_change_inotify_did_not_tell_of_makes_the_follower_poll(tmp_path, monkeypatch):
+    # A file system whose writes inotify does not report (a network one): the watch here
+    # hears of nothing but the directory itself going.
+    monkeypatch.setattr(inotify, "MASK", inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF)
+    monkeypatch.setattr(followers, "BACKSTOP_S", 0.3)
+    log = tmp_path / "kern.log"
+    log.write_text("boot line\n")
+    follower = FileFollower(log, poll_s=0.01)
+    with followed(follower) as sink:
+        with log.open("a") as handle:
+            handle.write(XID79 + "\n")
+        wait_for(lambda: any(b": 79," in line for line in sink.delivered()), 10)
+        assert follower.untold  # the backstop found it: from now on the file is polled
+        monkeypatch.setattr(followers, "BACKSTOP_S", 3600.0)
+        time.sleep(0.5)  # past any backstop wait begun before
+        with log.open("a") as handle:
+            handle.write(XID48 + "\n")
+        wait_for(lambda: any(b": 48," in line for line in sink.delivered()), 5)
 
 
 def test_an_overlong_line_keeps_its_head_and_its_tail_and_nothing_longer(tmp_path, notify):

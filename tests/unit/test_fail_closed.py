@@ -157,6 +157,34 @@ def test_a_check_stuck_in_process_is_reported_not_started_again():
     wait_for(lambda: runner.run_once().outcome is Outcome.OK, 5, "a normal run once released")
 
 
+class Records:
+    """A check that notes the thread each run is on."""
+
+    name = "records"
+    layer = Layer.GPU
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+
+    def run(self, ctx: CheckContext) -> list:
+        self.threads.append(threading.current_thread())
+        return []
+
+
+def test_a_repeating_check_runs_on_one_long_lived_thread():
+    # A thread started per run cost more CPU than most checks' runs (the agent's idle CPU).
+    check = Records()
+    config = Config()
+    runner = RepeatingCheck(check, CheckContext(LiveSources(config), config, 1))
+    results = [runner.run_once() for _ in range(3)]
+    assert [r.outcome for r in results] == [Outcome.OK] * 3
+    assert len(check.threads) == 3 and len(set(check.threads)) == 1
+    assert check.threads[0] is not threading.current_thread()
+    runner.close()
+    check.threads[0].join(5)
+    assert not check.threads[0].is_alive(), "the worker did not end once closed"
+
+
 class Crashes:
     name = "crashes"
     layer = Layer.NETWORK

@@ -322,6 +322,20 @@ def test_bundle_with_later_sample_reports_rising_counters(tmp_path: Path) -> Non
     assert findings[0].source == "sysfs"
 
 
+def test_the_check_reads_only_the_counters_it_judges(tmp_path: Path) -> None:
+    # A port has dozens of counter files; reading them all every round was most of the
+    # check's CPU. One the check does not judge is not read (nor noted when unreadable).
+    root = h100_tree(tmp_path / "sysfs")
+    (root / "mlx5_0/ports/1/rate").unlink()
+    write(root, "mlx5_0/ports/1/counters/port_xmit_data", "lots")  # traffic, not judged
+    write(root, "mlx5_0/ports/1/hw_counters/out_of_buffer", "lots")
+    write(root, "mlx5_0/ports/1/counters/symbol_error", "lots")  # judged: noted
+    (finding,) = run_check(BundleSources(tmp_path))
+    assert finding.code == "LINK_RATE_UNREADABLE"
+    assert "symbol_error" in finding.evidence and "rate" in finding.evidence
+    assert "port_xmit_data" not in finding.evidence and "out_of_buffer" not in finding.evidence
+
+
 def test_sysfs_wins_over_ibstat(tmp_path: Path) -> None:
     h100_tree(tmp_path / "sysfs")
     shutil.copy(DATA / SOME_DOWN, tmp_path / "ibstat.txt")

@@ -71,6 +71,7 @@ class CheckLoops:
                 self._state.put_result(name, result)
             kick.wait(self._config.interval_for(name))
             kick.clear()
+        runner.close()
 
     def _stands_down(self, name: str) -> bool:
         primary = self._primary_of.get(name)

@@ -26,8 +26,10 @@ from gpuguard.kernel_log.inotify import DirectoryWatch
 from gpuguard.kernel_log.lines import LineCutter
 from gpuguard.sources import KMSG, drain_kmsg, kernel_log_methods, kmsg_message
 
-POLL_S = 0.1  # where inotify is not there
-BACKSTOP_S = 1.0  # with inotify: a look anyway, for a change no event told of
+POLL_S = 0.1  # where inotify is not there, or once it missed a change
+# With inotify: a look anyway, for a change no event told of (a file system that does not
+# report every write, such as a network one). Once a look finds one, the file is polled.
+BACKSTOP_S = 10.0
 READ_BYTES = 1 << 20
 MISSING_GRACE_S = 1.0
 HEAD_BYTES = 256  # what tells a copy-truncated and refilled file from the one read
@@ -49,7 +51,9 @@ class Follower(Protocol):
 
 class FileFollower:
     """A plain file (``kern.log``, a test's log): read when inotify says its directory
-    changed it (and once a second anyway), else polled every 100 ms.
+    changed it (and every :data:`BACKSTOP_S` anyway), else polled every 100 ms; polled from
+    the first time a look with no event found the file changed (inotify misses changes
+    there).
 
     A file replaced (another inode), shorter than what was read, or whose head is no longer
     the head that was read (logrotate's ``copytruncate`` followed by new lines past the old
@@ -76,19 +80,25 @@ class FileFollower:
         self._cutter = LineCutter()
         self._missing_since: float | None = None
         self._said = False
+        self.untold = False  # a look with no event found a change: inotify is not enough
 
     def follow(self, sink: LogSink, stop: threading.Event) -> None:
         if isinstance(info := self._stat(), str):
             raise OSError(f"{self.path}: {info}")
         self._identity = None
         watch = DirectoryWatch.open(self.path, stop) if self.notify else None
+        told = True  # the first look needs no event
         try:
             while not stop.is_set():
-                self.poll(sink, stop)
-                if watch is None or watch.gone:
+                if self.poll(sink, stop) and not told and watch is not None:
+                    told = watch.wait(0)  # an event queued since the wake: late, not missed
+                    if told:
+                        continue  # look again for what it told of
+                    self.untold = True
+                if watch is None or watch.gone or self.untold:
                     stop.wait(self.poll_s)
                 else:
-                    watch.wait(self._sleep_s())
+                    told = watch.wait(self._sleep_s())
         finally:
             if watch is not None:
                 watch.close()
@@ -100,8 +110,10 @@ class FileFollower:
             return BACKSTOP_S
         return max(0.0, self._missing_since + self.grace_s - SYSTEM_CLOCK.monotonic())
 
-    def poll(self, sink: LogSink, stop: threading.Event | None = None) -> None:
-        """One look at the file: what is new goes to ``sink``."""
+    def poll(self, sink: LogSink, stop: threading.Event | None = None) -> bool:
+        """One look at the file: what is new goes to ``sink``. Whether the file changed
+        since the last look (replaced, gone, or another size or modification time)."""
+        before = (self._identity, self._changed)
         info = self._stat()
         if isinstance(info, str):
             now = SYSTEM_CLOCK.monotonic()
@@ -110,7 +122,7 @@ class FileFollower:
                 sink.unreadable(f"{self.path}: {info} for {now - self._missing_since:.1f}s")
                 self._said = True
             self._identity = None  # whatever comes back is another file: read it all
-            return
+            return self._identity != before[0]
         self._missing_since, self._said = None, False
         changed = (info.st_size, info.st_mtime_ns)
         reset = (
@@ -124,6 +136,7 @@ class FileFollower:
             self._head, self._cutter = b"", LineCutter()
         if info.st_size > self._position or reset:
             self._read(sink, reset, stop or threading.Event())
+        return (self._identity, self._changed) != before
 
     def _stat(self) -> os.stat_result | str:
         """The file's status, or what is wrong with it."""

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from gpuguard.checks.base import CheckContext
-from gpuguard.checks.network.counters import counter_deltas
+from gpuguard.checks.network.counters import JUDGED, counter_deltas
 from gpuguard.checks.network.ibstat import IbPanic, IbstatPorts, parse_ibstat
 from gpuguard.checks.network.roles import (
     EFA,
@@ -308,7 +308,7 @@ class NetworkCheck:
         root = ctx.sources.infiniband_root()
         ports: list[PortRecord]
         if root.is_dir():
-            ports, panic, source = read_infiniband_sysfs(root), None, "sysfs"
+            ports, panic, source = read_infiniband_sysfs(root, JUDGED), None, "sysfs"
         else:
             ibstat = self._read_ibstat(ctx)
             ports, panic, source = ibstat, ibstat.panic, "ibstat"
@@ -344,7 +344,7 @@ class NetworkCheck:
     def _later_sample(self, ctx: CheckContext, root: Path) -> list[PortRecord] | None:
         if not ctx.sources.live:
             later_root = ctx.sources.infiniband_root_later()
-            return None if later_root is None else read_infiniband_sysfs(later_root)
+            return None if later_root is None else read_infiniband_sysfs(later_root, JUDGED)
         # Leave at least half of the time budget for reading and judging.
         self._wait(min(ctx.config.counter_sample_interval_s, ctx.timeout_s / 2))
-        return read_infiniband_sysfs(root)
+        return read_infiniband_sysfs(root, JUDGED)

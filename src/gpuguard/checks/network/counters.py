@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from gpuguard.checks.network.sysfs import PortRecord
+from gpuguard.checks.network.sysfs import CounterNames, PortRecord
 from gpuguard.model import Action, Finding, Layer, Severity, nic
 
 # Error counters whose rise between two samples is a finding. Every rise counts (threshold 1):
@@ -28,6 +28,13 @@ EFA_ERROR_COUNTERS = (
     "retrans_timeout_events",
     "unresponsive_remote_events",
     "impaired_remote_conn_events",
+)
+
+# The counters the check reads: the ones judged here, no other.
+JUDGED = CounterNames(
+    port=frozenset((*IB_ERROR_COUNTERS, LINK_DOWNED)),
+    port_hw=frozenset(EFA_ERROR_COUNTERS),
+    device_hw=frozenset(),
 )
 
 

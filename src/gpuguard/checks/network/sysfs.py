@@ -14,11 +14,14 @@ Both InfiniBand HCAs (mlx5) and AWS EFA devices appear there, with the same layo
 A file that cannot be read becomes ``None`` plus a note (the kernel answers EINVAL for some
 counters and for the rate of a port without a link); a state or rate that is present but
 not in the kernel's format is a :class:`ParseError`, because then we are not reading sysfs.
+The check reads only the counters it judges (:class:`CounterNames`): a port has dozens.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,15 +95,28 @@ def parse_sysfs_rate(text: str, what: str) -> float:
     return float(match.group(1))
 
 
-def read_infiniband_sysfs(root: Path) -> list[PortRecord]:
-    """Every port of every RDMA device under ``root`` (a copy of /sys/class/infiniband)."""
+@dataclass(frozen=True)
+class CounterNames:
+    """Which counter files to read, by directory; ``None`` reads every file there."""
+
+    port: frozenset[str] | None = None  # <port>/counters
+    port_hw: frozenset[str] | None = None  # <port>/hw_counters
+    device_hw: frozenset[str] | None = None  # <dev>/hw_counters
+
+
+EVERY_COUNTER = CounterNames()
+
+
+def read_infiniband_sysfs(root: Path, names: CounterNames = EVERY_COUNTER) -> list[PortRecord]:
+    """Every port of every RDMA device under ``root`` (a copy of /sys/class/infiniband),
+    with the counters ``names`` asks for."""
     records: list[PortRecord] = []
     for device_dir in _subdirectories(root):
-        records.extend(_read_device(device_dir))
+        records.extend(_read_device(device_dir, names))
     return records
 
 
-def _read_device(device_dir: Path) -> list[PortRecord]:
+def _read_device(device_dir: Path, names: CounterNames) -> list[PortRecord]:
     device = device_dir.name
     ports_dir = device_dir / "ports"
     port_dirs = _subdirectories(ports_dir) if ports_dir.is_dir() else []
@@ -109,15 +125,20 @@ def _read_device(device_dir: Path) -> list[PortRecord]:
         raise ParseError(f"{device}: no ports under {ports_dir}")
     notes: list[str] = []
     ca_type = _read_optional(device_dir / "hca_type", notes)
-    device_hw_counters = _read_counters(device_dir / "hw_counters", notes)
+    device_hw_counters = _read_counters(device_dir / "hw_counters", notes, names.device_hw)
     return [
-        _read_port(device, port_dir, ca_type, device_hw_counters, list(notes))
+        _read_port(device, port_dir, ca_type, device_hw_counters, list(notes), names)
         for port_dir in port_dirs
     ]
 
 
 def _read_port(
-    device: str, port_dir: Path, ca_type: str | None, device_hw_counters: Counters, notes: list[str]
+    device: str,
+    port_dir: Path,
+    ca_type: str | None,
+    device_hw_counters: Counters,
+    notes: list[str],
+    names: CounterNames,
 ) -> PortRecord:
     if not is_decimal(port_dir.name):
         raise ParseError(f"{device}: port directory {port_dir.name!r} is not a port number")
@@ -134,20 +155,24 @@ def _read_port(
         else parse_sysfs_state(phys_text, f"{what} phys_state"),
         rate_gbps=None if rate_text is None else parse_sysfs_rate(rate_text, f"{what} rate"),
         link_layer=_read_optional(port_dir / "link_layer", notes),
-        counters=_read_counters(port_dir / "counters", notes),
-        hw_counters=_read_counters(port_dir / "hw_counters", notes),
+        counters=_read_counters(port_dir / "counters", notes, names.port),
+        hw_counters=_read_counters(port_dir / "hw_counters", notes, names.port_hw),
         device_hw_counters=device_hw_counters,
         ca_type=ca_type,
         notes=tuple(notes),
     )
 
 
-def _read_counters(directory: Path, notes: list[str]) -> Counters:
-    """Counter files by name; absent directory -> no counters (EFA has no PMA counters)."""
+def _read_counters(directory: Path, notes: list[str], wanted: frozenset[str] | None) -> Counters:
+    """Counter files by name (those ``wanted``, or all); absent directory -> no counters
+    (EFA has no PMA counters)."""
+    if wanted is not None and not wanted:
+        return {}
     if not directory.is_dir():
         return {}
     counters: Counters = {}
-    for path in _files(directory):
+    for name in _names(directory, os.DirEntry.is_file, wanted):
+        path = directory / name
         text = _read_optional(path, notes)
         if text is not None and not is_decimal(text):
             notes.append(f"{path}: not a counter value: {text[:40]!r}")
@@ -165,18 +190,27 @@ def _read_optional(path: Path, notes: list[str]) -> str | None:
 
 
 def _subdirectories(directory: Path) -> list[Path]:
-    return [p for p in _list(directory) if p.is_dir()]
+    return [directory / name for name in _names(directory, os.DirEntry.is_dir)]
 
 
-def _files(directory: Path) -> list[Path]:
-    return [p for p in _list(directory) if p.is_file()]
-
-
-def _list(directory: Path) -> list[Path]:
+def _names(
+    directory: Path,
+    kind: Callable[[os.DirEntry[str]], bool],
+    wanted: frozenset[str] | None = None,
+) -> list[str]:
+    """The names of the entries of ``kind`` (and ``wanted``), in natural order. The kind
+    comes with the listing: no stat per entry, but for symbolic links (/sys/class/infiniband
+    holds links to the devices)."""
     try:
-        return sorted(directory.iterdir(), key=lambda p: natural_key(p.name))
+        with os.scandir(directory) as entries:
+            names = [
+                entry.name
+                for entry in entries
+                if (wanted is None or entry.name in wanted) and kind(entry)
+            ]
     except OSError as exc:
         raise CheckFailed(f"{directory}: cannot list: {exc.strerror or exc}") from None
+    return sorted(names, key=natural_key)
 
 
 def is_decimal(text: str) -> bool:
