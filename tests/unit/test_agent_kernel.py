@@ -204,16 +204,8 @@ class Sink:
 def following(path, notify, poll_s=0.01):
     """A FileFollower of ``path`` on its thread (woken by inotify, or polling), feeding
     the Sink yielded once it has delivered the log's first read; stopped on the way out."""
-    sink, stop = Sink(), threading.Event()
-    follower = FileFollower(path, poll_s=poll_s, notify=notify)
-    thread = threading.Thread(target=follower.follow, args=(sink, stop), daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: sink.blocks)
+    with followed(FileFollower(path, poll_s=poll_s, notify=notify)) as sink:
         yield sink
-    finally:
-        stop.set()
-        thread.join(2)
 
 
 def test_with_inotify_a_line_written_to_a_symlinked_log_arrives_with_no_poll(tmp_path, monkeypatch):
