@@ -20,10 +20,12 @@ import yaml
 
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
 from gpuguard.kube import remediations
+from gpuguard.kube.errors import KubeError
 from gpuguard.kube.rest import KubeApi, KubeRefused, load_api
 from gpuguard.model import Action
 from gpuguard.remediation.model import Episode, Phase
-from tests.support.cluster import CRDS, wait_for
+from tests.support import controlplane
+from tests.support.cluster import CRDS, install_gpuguard_crd, wait_for
 from tests.support.controllers import Running, node_name
 from tests.support.controlplane import REPO, ControlPlane
 
@@ -359,3 +361,40 @@ def test_a_repair_ordered_for_the_machine_before_is_not_performed(
     performed = repairs.read_text().split() if repairs.exists() else []
     assert performed == (["reboot"] if same_machine else [])
     control_plane.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+def test_without_the_crd_it_says_so_once_and_asks_less_often_until_it_is_installed(
+    tmp_path, caplog
+):
+    # An agent installed before the chart's CRD: each read is a 404. Said once, and
+    # asked again less and less often; once the CRD is there, a request is performed.
+    node, repairs = node_name(), tmp_path / "repairs.log"
+    with (
+        ControlPlane(tmp_path / "plane", controlplane.testenv_bin()) as plane,
+        load_api(plane.admin_kubeconfig) as admin,
+        load_api(plane.admin_kubeconfig) as client,
+        caplog.at_level(logging.INFO, logger="gpuguard.agent"),
+    ):
+        running = Running(executor_for(client, node, repairs, poll_s=0.2).run)
+        wait_for(lambda: not_served(caplog), 10, "the missing CRD said")
+        window = time.monotonic() + 2.0  # ten reads at the old cadence, ten warnings
+        while time.monotonic() < window and len(not_served(caplog)) + failed_reads(caplog) == 1:
+            time.sleep(0.1)
+        install_gpuguard_crd(admin)
+        name = wait_for(lambda: _requested(admin, node), 30, "the request written")
+        result = wait_for(lambda: answer(admin, name), 30, "the answer, once served")
+        running.halt()
+    assert result["succeeded"] is True
+    assert len(not_served(caplog)) == 1, not_served(caplog)
+    assert failed_reads(caplog) == 0
+
+
+def not_served(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "are not served" in r.getMessage()]
+
+
+def _requested(api: KubeApi, node: str) -> str | None:
+    try:
+        return request_action(api, node)
+    except KubeError:  # the CRD is not established yet
+        return None

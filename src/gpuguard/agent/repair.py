@@ -33,6 +33,7 @@ from gpuguard import logs, threads
 from gpuguard.clock import SYSTEM_CLOCK, Clock
 from gpuguard.contract.remediation import MAX_ID, Started
 from gpuguard.contract.times import format_time
+from gpuguard.kube.api_errors import KubeNotFound
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.remediations import (
     NODE_REMEDIATIONS,
@@ -42,11 +43,24 @@ from gpuguard.kube.remediations import (
     report_started,
 )
 from gpuguard.kube.rest import NODES, Json, KubeApi, WatchEvent
-from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot, keep_watching, list_then_watch
+from gpuguard.kube.watch import (
+    REFUSED_RETRY_MAX_S,
+    WATCH_JOIN_S,
+    Snapshot,
+    keep_watching,
+    list_then_watch,
+)
 from gpuguard.model import Action
 from gpuguard.remediation.model import ActionResult
+from gpuguard.retry import Backoff
 
 log = logging.getLogger("gpuguard.agent")
+
+
+class RequestsNotServed(KubeError):
+    """The API server does not serve NodeRemediations: the CRD is not installed."""
+
+
 POLL_S = 2.0  # without the watch; also while a result waits to be written again
 RESYNC_S = 60.0  # with the watch: a read now and then, in case an event was missed
 RESET_TIMEOUT_S = 120.0
@@ -151,11 +165,18 @@ class RepairExecutor:
         wake = threading.Event()  # a change to this node's NodeRemediations, or the stop
         follower = threads.start("repair-requests", partial(self._follow, wake=wake), stop)
         threads.start("repair-wake-on-stop", partial(self._wake_on_stop, wake=wake), stop)
+        unserved = Backoff(self.poll_s, REFUSED_RETRY_MAX_S)
         while not stop.is_set():
             wake.clear()
             try:
                 self.poll_once()
                 failed = False
+                unserved.reset()
+            except RequestsNotServed as exc:  # no CRD: asking every poll_s will not add one
+                if not unserved.failures:
+                    log.warning("%s; asking again less and less often", exc)
+                wake.wait(unserved.next())
+                continue
             except KubeError as exc:
                 log.warning("reading repair requests failed: %s", exc)
                 failed = True
@@ -200,12 +221,20 @@ class RepairExecutor:
             stop,
             log=log,
             what="repair requests",
-            when_refused=f"reading them every {self.poll_s:g} s instead",
+            when_refused="reading them now and then instead",
         )
+
+    def _pending(self) -> tuple[str, ActionRequest] | None:
+        try:
+            return pending_request_for(self.api, self.node_name)
+        except KubeNotFound as exc:  # a list is not found only when its kind is not served
+            raise RequestsNotServed(
+                f"NodeRemediations are not served (is gpuguard's CRD installed?): {exc}"
+            ) from None
 
     def poll_once(self) -> ActionResult | None:
         """Perform the pending request, if any; each (object, action, attempt) only once."""
-        pending = pending_request_for(self.api, self.node_name)
+        pending = self._pending()
         if pending is None:
             self._unsent.clear()  # nothing waits for an answer any more
             self._marked.clear()
