@@ -39,3 +39,11 @@ def test_a_controller_stopped_before_ready_gets_its_collector_back(collector: No
     collect_after_start(ready, stop)
     stop.set()
     wait_for(gc.isenabled, 10, "the collector back on stop")
+
+
+def test_a_controller_not_ready_in_time_gets_its_collector_back(collector: None) -> None:
+    ready, stop = threading.Event(), threading.Event()
+    collect_after_start(ready, stop, most_s=0.5)  # an API server down at start, say
+    wait_for(gc.isenabled, 10, "the collector back after the pause")
+    assert not ready.is_set()
+    stop.set()

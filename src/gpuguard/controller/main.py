@@ -19,15 +19,22 @@ from gpuguard.remediation.policy import Policy, load_policy
 log = logging.getLogger("gpuguard.controller")
 
 
-def collect_after_start(ready: threading.Event, stop: threading.Event) -> None:
+START_PAUSE_S = 120.0  # 100,000 Nodes take ~30 s; an API server down at start, longer
+
+
+def collect_after_start(
+    ready: threading.Event, stop: threading.Event, *, most_s: float = START_PAUSE_S
+) -> None:
     """The Node cache filled at start lives as long as the process, and the cyclic
     collector would walk it again and again while it grows (a seventh of the start's CPU
-    at 100,000 Nodes). The collector waits until ready; what the start made is then set
+    at 100,000 Nodes). The collector waits until ready, or ``most_s`` at most (retries
+    against an API server that is down make garbage); what the start made is then set
     aside from its walks (``gc.freeze``): nothing in it is garbage yet."""
     gc.disable()
+    deadline = SYSTEM_CLOCK.monotonic() + most_s
 
     def settle(stop: threading.Event) -> None:
-        while not (ready.wait(1.0) or stop.is_set()):
+        while not (ready.wait(1.0) or stop.is_set() or SYSTEM_CLOCK.monotonic() > deadline):
             pass
         gc.freeze()
         gc.enable()
