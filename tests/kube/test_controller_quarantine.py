@@ -97,7 +97,12 @@ def test_a_fault_gone_before_the_pass_still_leaves_its_episode(api, held):
     set_health(api, name)  # healthy again before any pass has seen the fault
     held.release.set()
     held.hold.clear()
-    wait_for(lambda: remediations(api, name), 10, "the quarantine recorded all the same")
+    # The episode is created first and its steps written to status after.
+    wait_for(
+        lambda: remediations(api, name) and status_of(api, name).get("steps"),
+        10,
+        "the quarantine recorded all the same",
+    )
     first = status_of(api, name)["steps"][0]["message"]
     assert first.startswith("quarantined: gpu False") and "(now all layers True)" in first, first
     wait_for(lambda: status_of(api, name).get("resolution") == "Transient", 20, "closed")
