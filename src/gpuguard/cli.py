@@ -23,6 +23,8 @@ from gpuguard.config import Config, load_config
 from gpuguard.controller.options import add_arguments as add_controller_arguments
 from gpuguard.errors import ConfigError
 from gpuguard.model import Status
+from gpuguard.preflight.command import add_arguments as add_preflight_arguments
+from gpuguard.preflight.command import run_preflight
 from gpuguard.render import to_json, to_table
 from gpuguard.runner import run_all
 from gpuguard.sim.arguments import add_arguments as add_simulate_arguments
@@ -85,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(a dry run unless --apply; the chart runs it on uninstall)",
     )
     add_cleanup_arguments(cleanup)
+
+    preflight = commands.add_parser(
+        "preflight",
+        help="check the pod's GPUs before its job starts (the gpuguard-preflight init container)",
+        epilog="exit status: 0 passed, 1 a fault found, 2 no verdict (fail closed), 64 usage error",
+    )
+    add_preflight_arguments(preflight)
 
     xid = commands.add_parser("xid", help="explain an Xid code and what gpuguard does about it")
     xid.add_argument("code", type=int, metavar="N", help="the Xid number, as in 'Xid (...): 79'")
@@ -184,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpuguard.sim.command import run_simulate
 
             return run_simulate(args)
+        if args.command == "preflight":
+            return run_preflight(args)
         if args.command == "cleanup":
             return run_cleanup(args)
         if args.command == "agent":
