@@ -34,7 +34,7 @@ DEADLINE_MARGIN_S = 10.0  # past the checks' own limits: the runner abandons the
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--budget", type=_seconds, required=True, metavar="S", help="time the load checks may take"
+        "--budget", type=_positive, required=True, metavar="S", help="time the load checks may take"
     )
     parser.add_argument(
         "--gang",
@@ -43,14 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gang-timeout",
-        type=_seconds,
+        type=_positive,
         default=GangSettings.timeout_s,
         metavar="S",
         help="how long to wait for every gang member (default %(default)g); then a note, a pass",
     )
     parser.add_argument(
         "--gang-expected-gbps",
-        type=_seconds,
+        type=_positive,
         metavar="G",
         help="the all-reduce bus bandwidth the fleet expects, Gb/s (default: the gang's median)",
     )
@@ -185,7 +185,7 @@ def _summary(result: PreflightResult) -> str:
     return " ".join(parts) + (f": {result.message}" if result.message else "")
 
 
-def _seconds(text: str) -> float:
+def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
