@@ -26,6 +26,8 @@ _QUIET = (Outcome.NOT_APPLICABLE, Outcome.TOOL_MISSING)
 
 def local_result(results: Sequence[CheckResult]) -> PreflightResult:
     """Passed, Passed with warnings (codes listed), or Failed naming codes and GPUs."""
+    if not results:
+        return PreflightResult(FAILED, ("CHECK_FAILED",), message="no check ran")
     blocking: list[Finding] = []
     warnings: list[Finding] = []
     notes: list[str] = []
@@ -41,8 +43,6 @@ def local_result(results: Sequence[CheckResult]) -> PreflightResult:
                 blocking.append(finding)
             elif finding.severity > Severity.INFO:
                 warnings.append(finding)
-    if not results:
-        return PreflightResult(FAILED, ("CHECK_FAILED",), message="no check ran")
     listed = blocking or warnings
     codes = tuple(dict.fromkeys(f.code for f in listed))
     gpus = tuple(
@@ -63,8 +63,8 @@ def with_gang(local: PreflightResult, spec: GangSpec, outcome: GangOutcome) -> P
     verdict = outcome.verdict
     if verdict is None:
         return _add(local, status=local.status, codes=(), slow=(), note=outcome.note)
-    me = next(m for m in verdict.members if m.timings.rank == spec.rank)
-    if me.slow:
+    me = next((m for m in verdict.members if m.timings.rank == spec.rank), None)
+    if me is not None and me.slow:
         return _add(
             local, status=FAILED, codes=verdict.codes, slow=verdict.slow_nodes, note=verdict.message
         )
