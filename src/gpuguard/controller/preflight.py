@@ -76,7 +76,8 @@ class PreflightOutcomes:
         self._lock = threading.Lock()  # the pod and namespace watches feed, the pass judges
         self._pending: dict[tuple[str, str], Read] = {}  # (node, key) -> failure to judge
         self._opted_in: dict[str, float | None] = {}  # namespace -> since (None: not in)
-        self._unchecked: dict[str, dict[str, float]] = {}  # namespace -> uid -> created
+        # namespace -> uid -> (created, name): GPU pods admitted without the check
+        self._unchecked: dict[str, dict[str, tuple[float, str]]] = {}
         self._counted: set[str] = set()  # uids counted unchecked
 
     def watched(self) -> list[Watched]:
@@ -108,7 +109,8 @@ class PreflightOutcomes:
         created = unchecked_since(pod)
         metadata = pod["metadata"]
         if created is not None and metadata["uid"] not in self._counted:
-            self._unchecked.setdefault(metadata["namespace"], {})[metadata["uid"]] = created
+            kept = (created, str(metadata.get("name", "")))
+            self._unchecked.setdefault(metadata["namespace"], {})[metadata["uid"]] = kept
             self._count_unchecked(metadata["namespace"])
         return waiting
 
@@ -151,11 +153,11 @@ class PreflightOutcomes:
         waiting = self._unchecked.get(namespace) or {}
         if since is None:
             return
-        for uid, created in list(waiting.items()):
+        for uid, (created, name) in list(waiting.items()):
             if created > since:
                 self._counted.add(uid)
                 self.metrics.unchecked.inc()
-                log.warning("pod uid %s in %s was admitted without the preflight", uid, namespace)
+                log.info("pod %s/%s was admitted without the preflight check", namespace, name)
             del waiting[uid]  # created before the opt-in: never counted
 
     # --- in the leader's pass ---------------------------------------------------------
