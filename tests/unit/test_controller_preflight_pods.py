@@ -96,6 +96,15 @@ def test_no_result_and_a_passed_result_with_a_failed_exit_are_failures_all_the_s
         assert read.result == kind and read.failure.codes == (PREFLIGHT_FAILED,)
 
 
+def test_a_check_ended_by_its_pods_deletion_or_eviction_is_no_verdict():
+    deleted = pod(status=ended(143, None))
+    deleted["metadata"]["deletionTimestamp"] = T
+    assert failures_of(slim_pod(deleted), 0.0) == []
+    evicted = ended(137, None)
+    evicted["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "x"}]
+    assert failures_of(slim_pod(pod(status=evicted)), 0.0) == []
+
+
 def test_a_passed_check_and_other_containers_are_no_failure():
     assert failures_of(slim_pod(pod(status=ended(0, PreflightResult(PASSED).encode()))), 0.0) == []
     other = ended(2, None)

@@ -61,10 +61,13 @@ def test_a_repair_or_a_passing_deep_verify_after_the_failure_spends_it():
     memory = PreflightMemory(Policy())
     memory.record(failure(T0), T0)
     memory.record(failure(T0 + 100), T0 + 100)
-    draining = episode("a", phase=Phase.DRAINING, last_action_at=T0 + 50)
+    draining = episode("a", Phase.DRAINING, Action.REBOOT, last_action_at=T0 + 50)
     assert spent_after("a", None, [draining]) is None  # not acted on yet
     verifying = dataclasses.replace(draining, phase=Phase.VERIFYING)
     assert spent_after("a", None, [verifying]) == T0 + 50
+    killed = dataclasses.replace(verifying, rung=Action.KILL_JOB, last_action_at=T0 + 90)
+    assert spent_after("a", None, [killed]) is None  # killing a job mends no machine
+    assert spent_after("b", None, [verifying]) is None
     assert memory.spend("a", T0 + 50)
     assert [f.at for f in memory.standing("a", T0 + 100)] == [T0 + 100]  # failed again since
     passed = VerifyAnswer(request_id(T0 + 200), True, ())

@@ -166,14 +166,22 @@ class PreflightOutcomes:
         with self._lock:
             waiting = list(self._pending.values())
             self._pending.clear()
-            fresh = [read for read in waiting if self.memory.record(read.failure, now)]
+            fresh, told = [], set()  # a pod failing in a loop is told of once
+            for read in waiting:
+                failure = read.failure
+                standing = self.memory.standing(failure.node, now)
+                if any(f.pod == failure.pod for f in standing):
+                    told.add((failure.node, failure.key))
+                if self.memory.record(failure, now):
+                    fresh.append(read)
             self.memory.forget_before(now)
         for read in fresh:
             failure = read.failure
             target = "slow_node" if failure.slow_link else "node"
             self.metrics.failures.labels(read.result, target).inc()
-            self.events.about_node(failure.node, REASON, _note(read), now)
-            log.warning("node %s: %s", failure.node, _note(read))
+            if (failure.node, failure.key) not in told:
+                self.events.about_node(failure.node, REASON, _note(read), now)
+                log.warning("node %s: %s", failure.node, _note(read))
         return {read.failure.node for read in fresh}
 
     def spend(
@@ -217,7 +225,8 @@ def _note(read: Read) -> str:
         found = f"the gang check of pod {failure.pod} found this node slow ({codes})"
     else:
         result = {"none": "no result", "passed": "a Passed result"}.get(read.result, codes)
-        found = f"the preflight check of pod {failure.pod} failed (exit {read.exit_code}: {result})"
+        ended = f"exit {read.exit_code}" + (f", {read.reason}" if read.reason else "")
+        found = f"the preflight check of pod {failure.pod} failed ({ended}: {result})"
         if failure.gpus:
             found += f" on {', '.join(failure.gpus)}"
     detail = f": {read.message}" if read.message else ""

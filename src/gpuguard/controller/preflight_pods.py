@@ -24,7 +24,8 @@ from gpuguard.contract.preflight import (
     read_result,
 )
 from gpuguard.contract.times import parse_time
-from gpuguard.kube.drain import requests_gpus
+from gpuguard.controller.pod_failures import condition_true
+from gpuguard.kube.drain import DISRUPTION_TARGET, requests_gpus
 from gpuguard.kube.rest import Json
 from gpuguard.remediation.preflight_memory import PreflightFailure
 
@@ -63,6 +64,7 @@ def failed_endings(status: Json) -> list[Json]:
             endings.append(
                 {
                     "exitCode": ended.get("exitCode"),
+                    "reason": str(ended.get("reason", ""))[:128],
                     "message": text.encode()[:MESSAGE_LIMIT].decode(errors="ignore"),
                     "finishedAt": str(ended.get("finishedAt", "")),
                 }
@@ -79,13 +81,17 @@ class Read:
     failure: PreflightFailure
     result: str
     exit_code: object
+    reason: str  # the kubelet's: Error, OOMKilled, ...
     message: str
 
 
 def failures_of(pod: Json, seen_at: float) -> list[Read]:
     """The failures a slim pod's endings tell of: on the pod's node, or on each node a
-    gang result names slow. No readable result is a failure all the same (fail closed)."""
+    gang result names slow. No readable result is a failure all the same (fail closed);
+    a check ended by its pod's deletion or eviction is no verdict on the node."""
     metadata, node = pod["metadata"], str(pod["spec"].get("nodeName") or "")
+    if metadata.get("deletionTimestamp") or condition_true(pod, DISRUPTION_TARGET):
+        return []
     name = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
     found = []
     for ending in pod["status"].get(ENDINGS) or []:
@@ -104,7 +110,8 @@ def failures_of(pod: Json, seen_at: float) -> list[Read]:
             failure = PreflightFailure(
                 target, name, key, at, codes, gpus if target == node else (), slow_link=slow
             )
-            found.append(Read(failure, kind, ending.get("exitCode"), message))
+            reason = str(ending.get("reason", ""))
+            found.append(Read(failure, kind, ending.get("exitCode"), reason, message))
     return found
 
 

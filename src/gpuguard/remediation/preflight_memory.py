@@ -104,13 +104,16 @@ class PreflightMemory:
 def spent_after(
     node: str, verify: VerifyAnswer | None, episodes: Iterable[Episode]
 ) -> float | None:
-    """The latest moment that spends the failures before it: a rung's action done on the
-    node (its episode verifying, or closed), or a pass of the deep suite asked for then."""
+    """The latest moment that spends the failures before it: a repair's action done on
+    the node (a rung from RESET_GPU up; its episode verifying, or closed), or a pass of the
+    deep suite asked for then. Killing a job mends no machine."""
     moments = [
         episode.last_action_at
         for episode in episodes
         if episode.node == node
         and episode.last_action_at is not None
+        and episode.rung is not None
+        and episode.rung >= Action.RESET_GPU
         and episode.phase in (Phase.VERIFYING, Phase.CLOSED)
     ]
     if verify is not None and verify.passed:
