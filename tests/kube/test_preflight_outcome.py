@@ -101,9 +101,12 @@ def gpu_pod(
     return api.create(f"/api/v1/namespaces/{namespace}/pods", body)
 
 
-def check_ended(api: KubeApi, pod: Json, exit_code: int, message: str | None) -> None:
+def check_ended(
+    api: KubeApi, pod: Json, exit_code: int, message: str | None, *, restarting: bool = False
+) -> None:
     """Write the status a kubelet writes when the init container ends: failed, the pod
-    Failed (restartPolicy Never) or waiting to restart it (CrashLoopBackOff)."""
+    Failed (restartPolicy Never) or, ``restarting``, its container waiting to run again
+    (CrashLoopBackOff) with the ending as its last state."""
     ended: Json = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}
     ended |= {"startedAt": stamp(-1), "finishedAt": stamp()}
     if message is not None:
@@ -115,15 +118,16 @@ def check_ended(api: KubeApi, pod: Json, exit_code: int, message: str | None) ->
         "ready": exit_code == 0,
         "restartCount": 0,
     }
-    if exit_code:  # restarting: the ending is kept as the last state
+    if restarting:
         container |= {"state": {"waiting": {"reason": "CrashLoopBackOff"}}}
         container |= {"lastState": {"terminated": ended}, "restartCount": 1}
     else:
         container["state"] = {"terminated": ended}
+    phase = "Failed" if exit_code and not restarting else "Pending"
     meta = pod["metadata"]
     api.patch(
         f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
-        {"status": {"phase": "Pending", "initContainerStatuses": [container]}},
+        {"status": {"phase": phase, "initContainerStatuses": [container]}},
     )
 
 
@@ -159,7 +163,8 @@ def test_a_check_that_left_no_result_quarantines_all_the_same(
     api: KubeApi, namespace: str, controller: Controller, nodes: Callable[[], str]
 ) -> None:
     node = nodes()
-    check_ended(api, gpu_pod(api, namespace, node), 137, None)  # killed: nothing written
+    # Killed (out of memory) before it wrote a result, and waiting to run again.
+    check_ended(api, gpu_pod(api, namespace, node), 137, None, restarting=True)
 
     wait_for(lambda: quarantined(api, node), 30, "the node tainted (fail closed)")
     wait_for(lambda: remediations(api, node), 30, "its episode opened")
@@ -173,7 +178,7 @@ def test_a_gang_check_quarantines_the_slow_node_it_names_not_the_reporter(
 ) -> None:
     slow, reporter = nodes(), nodes()
     result = PreflightResult(FAILED, codes=("DEEP_ALL_REDUCE_SLOW",), slow_nodes=(slow,))
-    check_ended(api, gpu_pod(api, namespace, reporter), 2, result.encode())
+    check_ended(api, gpu_pod(api, namespace, reporter), 2, result.encode(), restarting=True)
 
     wait_for(lambda: quarantined(api, slow), 30, "the slow node named by its peer tainted")
     wait_for(lambda: remediations(api, slow), 30, "its episode opened")

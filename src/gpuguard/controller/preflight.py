@@ -103,7 +103,8 @@ class PreflightOutcomes:
         waiting = False
         for read in failures_of(pod, now):
             seen = (read.failure.node, read.failure.key)
-            if seen not in self._pending and not self.memory.knows(*seen):
+            fresh = self.memory.may_stand(read.failure.at, now)  # else long over: no pass
+            if fresh and seen not in self._pending and not self.memory.knows(*seen):
                 self._pending[seen] = read
                 waiting = True
         created = unchecked_since(pod)

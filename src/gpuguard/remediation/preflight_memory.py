@@ -57,7 +57,7 @@ class PreflightMemory:
         """Remember ``failure``; False when it was already remembered, or is too old to
         stand (a new leader lists pods that failed long ago)."""
         seen = (failure.node, failure.key)
-        if seen in self._seen or now - failure.at >= self.policy.preflight.window_s:
+        if seen in self._seen or not self.may_stand(failure.at, now):
             return False
         self._seen[seen] = failure.at
         kept = self._nodes.setdefault(failure.node, [])
@@ -66,12 +66,15 @@ class PreflightMemory:
             del kept[1]  # the first stays: the layer's age is counted from it
         return True
 
+    def may_stand(self, at: float, now: float) -> bool:
+        """Is a failure that ended at ``at`` still within the window?"""
+        return now - at < self.policy.preflight.window_s
+
     def knows(self, node: str, key: str) -> bool:
         return (node, key) in self._seen
 
     def standing(self, node: str, now: float) -> list[PreflightFailure]:
-        window = self.policy.preflight.window_s
-        return [f for f in self._nodes.get(node, ()) if now - f.at < window]
+        return [f for f in self._nodes.get(node, ()) if self.may_stand(f.at, now)]
 
     def spend(self, node: str, after: float) -> bool:
         """Forget the node's failures that ended before ``after``; True if any were."""
