@@ -25,6 +25,9 @@ GANG_ANNOTATION = "gpuguard.io/preflight-gang"
 # The layer of a node's observation that a failed preflight raises (as crash memory
 # raises "crashes").
 PREFLIGHT_LAYER = "preflight"
+# The code of a failed preflight that left no result to read (it crashed, hung or was
+# killed before writing one), or whose result names no code: a failure all the same.
+PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
 
 PASSED = "Passed"
 FAILED = "Failed"

@@ -300,12 +300,13 @@ def node_at(node: Json | None, observed: NodeObservation | None) -> NodeAtFailur
 
 
 def with_crash_layer(
-    observed: NodeObservation, layer: tuple[str, LayerReport] | None
+    observed: NodeObservation, layer: tuple[str, LayerReport] | None, own: str = CRASH_LAYER
 ) -> NodeObservation:
-    """The observation with crash memory's layer in place of any it had (none: removed)."""
-    if layer is None and CRASH_LAYER not in observed.layers:
+    """The observation with crash memory's layer (or the controller's ``own`` other, the
+    preflight's) in place of any it had (none: removed)."""
+    if layer is None and own not in observed.layers:
         return observed
-    layers = {name: kept for name, kept in observed.layers.items() if name != CRASH_LAYER}
+    layers = {name: kept for name, kept in observed.layers.items() if name != own}
     if layer is not None:
         layers[layer[0]] = layer[1]
     return dataclasses.replace(observed, layers=layers)

@@ -34,6 +34,7 @@ from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.nodes import NodeCache, NodeParts
 from gpuguard.controller.pods import PodCache, slim_pod
 from gpuguard.controller.position_faults import PositionFaults
+from gpuguard.controller.preflight import PreflightOutcomes
 from gpuguard.controller.providers import provider_for
 from gpuguard.controller.quarantine import Quarantine
 from gpuguard.controller.replacements import Replacements
@@ -45,19 +46,11 @@ from gpuguard.kube.errors import KubeError, KubeFenced
 from gpuguard.kube.fleet import decode_node, decode_node_page
 from gpuguard.kube.jobs import JOBS, slim_job
 from gpuguard.kube.lease import LeaderElector, start_leader_election
-from gpuguard.kube.remediations import (
-    NODE_REMEDIATIONS,
-    StoredEpisodes,
-    answer_in,
-    read_episodes,
-)
+from gpuguard.kube.remediations import NODE_REMEDIATIONS, StoredEpisodes, answer_in, read_episodes
 from gpuguard.kube.rest import NODES, PODS, KubeApi, WatchEvent
 from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot
 from gpuguard.metrics_server import LIVENESS_S
-from gpuguard.remediation.health import (
-    AGENT_SILENT,
-    silenced,
-)
+from gpuguard.remediation.health import AGENT_SILENT, silenced
 from gpuguard.remediation.model import NodeObservation, Plan
 from gpuguard.remediation.policy import Policy
 from gpuguard.remediation.reconciler import Reconciler
@@ -89,6 +82,7 @@ class Controller:
         lease_s: float = 15.0,
         renew_s: float = 5.0,
         retry_s: float = RETRY_S,
+        preflight: bool = False,  # read the preflight gate's outcomes (preflight.py)
     ) -> None:
         self.api = api
         self.policy = policy
@@ -117,7 +111,7 @@ class Controller:
         self.reconciler = Reconciler(policy)
         self.quarantine = Quarantine(self.writer, self.metrics, policy)
         self.replacements = Replacements(self.applier)
-        self._add_watched_parts(policy, dry_run)
+        self._add_watched_parts(policy, dry_run, preflight)
         self.closed = ClosedEpisodes(self.writer, self.keep_closed_s, clock)
         self._wake = threading.Event()
         self._urgent = False  # something woke the loop that wants a pass at once
@@ -129,14 +123,16 @@ class Controller:
         self.watch_threads: list[threading.Thread] = []
         self.failed = ""  # why run() ended by itself ("": it did not)
 
-    def _add_watched_parts(self, policy: Policy, dry_run: bool) -> None:
+    def _add_watched_parts(self, policy: Policy, dry_run: bool, preflight: bool) -> None:
         """What the watches feed: the Node cache and the parts it tells of a change, and
         the workloads (pods, jobs)."""
         events = self.applier.events
+        registry, now = self.metrics.registry, self.clock.now
+        self.preflight = PreflightOutcomes(events, registry, policy, now) if preflight else None
         self.position_faults = PositionFaults(self.writer, events, self.metrics, dry_run=dry_run)
         self.attribution = Attributor(self.writer, events, self.metrics, policy, dry_run=dry_run)
         self.workloads = Workloads(
-            PodCache(), self.attribution, self.slis, self.applier, self.reconciler
+            PodCache(), self.attribution, self.slis, self.applier, self.reconciler, self.preflight
         )
         parts = NodeParts(
             self.reconciler,
@@ -145,6 +141,7 @@ class Controller:
             self.position_faults,
             self.slis,
             self.metrics,
+            self.preflight,
         )
 
         def may_quarantine() -> bool:
@@ -166,6 +163,7 @@ class Controller:
                 Watched("noderemediations", NODE_REMEDIATIONS.path(), self._take_answers),
                 Watched("pods", PODS.path(), self._take_pods, slim_pod),
                 Watched("jobs", JOBS.path(), self.workloads.take_jobs, slim_job),
+                *(self.preflight.watched() if self.preflight is not None else []),
             ],
             stop,
             self.metrics,

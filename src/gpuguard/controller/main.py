@@ -65,6 +65,7 @@ def run_controller(args: argparse.Namespace) -> int:
         gpu_nodes=args.gpu_node_selector,
         keep_closed_s=args.keep_closed_days * 86400,
         clock=OffsetClock(args.clock_offset_s) if args.clock_offset_s else SYSTEM_CLOCK,
+        preflight=args.preflight,
     )
     log.info(
         "gpuguard controller %s starting%s (provider %s)",

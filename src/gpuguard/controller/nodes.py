@@ -1,7 +1,7 @@
 """The Node watch's side of the controller: every Node projected once, as it changes, into
 the observation a pass reads (so that a pass never walks the whole fleet), with its
-position, silence and crash layer kept up to date, and an unhealthy change offered to the
-quarantine at once (``quarantine.py``), before any pass."""
+position, silence, crash and preflight layers kept up to date, and an unhealthy change
+offered to the quarantine at once (``quarantine.py``), before any pass."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from collections.abc import Callable
 
 from gpuguard.clock import Clock
 from gpuguard.contract.keys import REPORT_ANNOTATION
+from gpuguard.contract.preflight import PREFLIGHT_LAYER
 from gpuguard.controller.attribution import Attributor, node_at, with_crash_layer
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.observe import project_node, read_position
 from gpuguard.controller.position_faults import PositionFaults
 from gpuguard.controller.positions import Positions
+from gpuguard.controller.preflight import PreflightOutcomes
 from gpuguard.controller.quarantine import Quarantine
 from gpuguard.controller.silence import Silence
 from gpuguard.controller.slis import ServiceLevels
@@ -41,6 +43,7 @@ class NodeParts:
     position_faults: PositionFaults
     slis: ServiceLevels
     metrics: ControllerMetrics
+    preflight: PreflightOutcomes | None = None  # with --preflight
 
 
 class NodeCache:
@@ -59,7 +62,7 @@ class NodeCache:
         self.observed: dict[str, NodeObservation] = {}
         # Nodes lost (deleted) or not Ready: the pods still running there are marked.
         self.lost: set[str] = set()
-        self._crash_layered: set[str] = set()  # nodes whose observation has crash memory's layer
+        self._crash_layered: set[str] = set()  # nodes with crash memory's or preflight's layer
         self.lock = threading.Lock()  # the cache and the reconciler's node tracking
         self.positions = Positions()
         self.silence = Silence(policy.agent_timeout_s)
@@ -136,6 +139,8 @@ class NodeCache:
     def _drop(self, name: str) -> None:
         self.parts.quarantine.settled([name])
         self.parts.attribution.forget_node(name)
+        if self.parts.preflight is not None:
+            self.parts.preflight.forget_node(name)
         self.lost.add(name)
         self.nodes.pop(name, None)
         self.observed.pop(name, None)
@@ -158,7 +163,11 @@ class NodeCache:
         return observed
 
     def _with_crashes(self, observed: NodeObservation, now: float) -> NodeObservation:
-        return with_crash_layer(observed, self.parts.attribution.layer(observed.name, now))
+        observed = with_crash_layer(observed, self.parts.attribution.layer(observed.name, now))
+        preflight = self.parts.preflight
+        if preflight is None:
+            return observed
+        return with_crash_layer(observed, preflight.layer(observed.name, now), PREFLIGHT_LAYER)
 
     def take_lost(self) -> list[tuple[str, bool]]:
         """The nodes lost (not Ready, or gone) since the last call, each with whether its
@@ -173,11 +182,17 @@ class NodeCache:
             return node_at(self.nodes.get(name), self.observed.get(name))
 
     def attribute(self, now: float) -> None:
-        """Judge the failures waiting; a node they made suspect (or whose suspicion
-        lapsed) is read again with its crash layer."""
+        """Judge the failures waiting (crashes, failed preflights); a node they made
+        suspect (or whose suspicion lapsed or was repaired) is read again with its
+        layers."""
         attribution, reconciler = self.parts.attribution, self.parts.reconciler
+        preflight = self.parts.preflight
         raised = attribution.judge(self.node_at, now)
+        if preflight is not None:
+            raised |= preflight.judge(now)
         with self.lock:
+            if preflight is not None:
+                raised |= preflight.spend(self.observed, reconciler.episodes, reconciler.history)
             for name in raised | self._crash_layered:
                 observed = self.observed.get(name)
                 if observed is not None:
@@ -186,6 +201,9 @@ class NodeCache:
             self._crash_layered = {
                 name
                 for name in raised | self._crash_layered
-                if name in self.observed and CRASH_LAYER in self.observed[name].layers
+                if name in self.observed
+                and self.observed[name].layers.keys() & {CRASH_LAYER, PREFLIGHT_LAYER}
             }
         attribution.publish(now)
+        if preflight is not None:
+            preflight.publish(now)

@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=9466, metavar="PORT", help="0 disables /metrics"
     )
     logs.add_argument(parser)
+    add_preflight_argument(parser)
     parser.add_argument(
         "--keep-closed-days",
         type=_positive_days,
@@ -65,6 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SELECTOR",
         help="label selector (key=value or key terms, comma separated) of the nodes counted in "
         "GPU-node availability; the chart passes the agent's nodeSelector",
+    )
+
+
+def add_preflight_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="read the preflight gate's outcomes: a failed gpuguard-preflight init container "
+        "quarantines its node; GPU pods admitted unchecked in opted-in namespaces are counted "
+        "(watches Namespaces)",
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Collection
 
 from gpuguard.contract.keys import DO_NOT_DISRUPT, GPU_IDS_ANNOTATION
 from gpuguard.controller.pod_failures import JOB_LABELS, judged_conditions, terminations
+from gpuguard.controller.preflight_pods import preflight_parts
 from gpuguard.kube import drain
 from gpuguard.kube.do_not_disrupt import protects
 from gpuguard.kube.rest import Json, WatchEvent
@@ -25,7 +26,7 @@ def slim_pod(pod: Json) -> Json:
     """What the drain rules read of a pod: owners, the kept annotations, deletion, the
     containers' GPU resources, the phase and the start (a timed do-not-disrupt); and
     what attribution reads: the job's labels, the conditions that judge a failure, and a
-    failed pod's container endings."""
+    failed pod's container endings; and what the preflight gate left (preflight_pods.py)."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = metadata.get("annotations") or {}
@@ -53,6 +54,9 @@ def slim_pod(pod: Json) -> Json:
         status["containerStatuses"] = terminations(full_status)
     if metadata.get("deletionTimestamp"):
         kept["deletionTimestamp"] = metadata["deletionTimestamp"]
+    gate_metadata, gate_status = preflight_parts(pod)
+    kept.update(gate_metadata)
+    status.update(gate_status)
     return {
         "metadata": kept,
         "spec": {

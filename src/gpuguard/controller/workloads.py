@@ -12,6 +12,7 @@ from enum import Enum
 from gpuguard.controller.apply import Applier
 from gpuguard.controller.attribution import Attributor
 from gpuguard.controller.pods import PodCache
+from gpuguard.controller.preflight import PreflightOutcomes
 from gpuguard.controller.slis import ServiceLevels
 from gpuguard.kube.rest import WatchEvent
 from gpuguard.kube.watch import Snapshot
@@ -34,6 +35,7 @@ class Workloads:
     slis: ServiceLevels
     applier: Applier
     reconciler: Reconciler
+    preflight: PreflightOutcomes | None = None  # with --preflight
 
     def take_pods(self, item: Snapshot | WatchEvent) -> Wake:
         changed = self.pods.take(item)
@@ -41,7 +43,8 @@ class Workloads:
             pods = item.items
         else:
             pods = [item.object] if item.type != "DELETED" else []
-        if any([self.attribution.take_pod(pod) for pod in pods]):  # every pod taken
+        failed = self.preflight is not None and self.preflight.take_pods(item)
+        if any([self.attribution.take_pod(pod) for pod in pods]) or failed:  # every pod taken
             return Wake.NOW
         reconciler = self.reconciler
         if isinstance(item, Snapshot) or any(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuguard.contract.preflight import PREFLIGHT_FAILED
 from gpuguard.contract.verify import request_id, requested_time
 from gpuguard.model import Action
 from gpuguard.remediation.crash_memory import CRASHES_ACROSS_JOBS
@@ -39,10 +40,10 @@ MEASURING = "confirming with a second measurement (the deep suite)"
 
 def slow_only(node: NodeObservation, policy: Policy) -> bool:
     """Is every code of the False layers one measurement that needs a second: slowness
-    (``confirm.codes``), or a first suspicion of crash memory (crashes of other jobs,
-    indirect as a slow step time is)?"""
+    (``confirm.codes``), a first suspicion of crash memory (crashes of other jobs,
+    indirect as a slow step time is), or a preflight that failed without a verdict?"""
     codes = [code for layer in false_layers(node) for code in layer.codes]
-    indirect = {*policy.confirm.codes, CRASHES_ACROSS_JOBS}
+    indirect = {*policy.confirm.codes, CRASHES_ACROSS_JOBS, PREFLIGHT_FAILED}
     return bool(codes) and all(code in indirect for code in codes)
 
 

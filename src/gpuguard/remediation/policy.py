@@ -32,6 +32,7 @@ from gpuguard.remediation.policy_sections import (
     Crashes,
     DrainAndReset,
     Positions,
+    Preflight,
     Seconds,
     StrictModel,
     Verify,
@@ -123,6 +124,7 @@ class Policy(StrictModel):
     confirm: Confirm = Confirm()
     crashes: Crashes = Crashes()
     attribution: Attribution = Attribution()
+    preflight: Preflight = Preflight()
 
     @field_validator("tolerances", mode="after")
     @classmethod
@@ -199,6 +201,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "confirm": Confirm,
     "crashes": Crashes,
     "attribution": Attribution,
+    "preflight": Preflight,
 }
 
 

@@ -254,6 +254,21 @@ class Crashes(StrictModel):
     )
 
 
+class Preflight(StrictModel):
+    """A failed preflight (docs/remediation.md, "A failed preflight"): the check the
+    admission webhook adds to GPU pods failed on the node they were placed on. Its
+    ``preflight`` layer stands until a repair's action or a passing deep verify comes after
+    the failure, or for ``window_s`` at most: as long as crash memory's suspicion, so a
+    finding nothing repairs (a slow link a gang peer named) still lapses.
+    """
+
+    window_s: Seconds = Field(
+        default=DAY_S,
+        gt=0,
+        description="How long a failed preflight keeps its node quarantined, unrepaired",
+    )
+
+
 class Attribution(StrictModel):
     """Failed training pods judged for the infrastructure's part (docs/attribution.md):
     a pod gpuguard attributes gets the pod condition ``gpuguard.io/InfrastructureFailure``,
