@@ -56,8 +56,8 @@ def test_a_fresh_leaf_is_signed_by_the_ca_for_the_names_and_ips_given():
 
 def test_nothing_changes_before_two_thirds_of_the_leaf_life():
     material = step(None, T0)
-    # Life from not-before (T0-10) to T0+300: 2/3 of 310 s after T0-10.
-    due = T0 - 10 + 310 * 2 / 3
+    # 2/3 of its 300 s from when it was made (its not-before is backdated 10 s).
+    due = T0 + 300 * 2 / 3
     assert next_material(material, due - 1, NAMES, ("127.0.0.1",), lifetimes=LIFE) is None
     renewed = step(material, due + 1)
     assert renewed.ca_cert == material.ca_cert
@@ -74,7 +74,7 @@ def test_changed_names_make_a_new_leaf_at_once():
 
 def test_a_leaf_never_outlives_its_ca():
     material = step(None, T0)
-    late = T0 + 1990  # the CA ends at T0+3000, due at 2/3 of 3010 s: not yet
+    late = T0 + 1990  # the CA ends at T0+3000, due at 2/3 of 3000 s: not yet
     renewed = step(material, late)
     assert renewed.ca_cert == material.ca_cert
     assert certs.not_after(renewed.leaf_cert) <= certs.not_after(material.ca_cert)
@@ -82,7 +82,7 @@ def test_a_leaf_never_outlives_its_ca():
 
 def test_a_ca_rotation_overlaps_old_and_new_until_the_new_leaf_has_settled():
     material = step(None, T0)
-    ca_due = T0 - 10 + 3010 * 2 / 3 + 1
+    ca_due = T0 + 3000 * 2 / 3 + 1
     # 1. A new CA; the old leaf still served; the bundle trusts both.
     rotating = step(material, ca_due)
     assert rotating.ca_cert != material.ca_cert

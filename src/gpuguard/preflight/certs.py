@@ -51,6 +51,9 @@ class Lifetimes:
     settle_s: float = 600.0
 
 
+DEFAULT_LIFETIMES = Lifetimes()
+
+
 @dataclass(frozen=True)
 class Material:
     """PEM bytes, as the Secret holds them; ``previous_ca`` empty outside a CA rotation."""
@@ -106,7 +109,7 @@ def next_material(
     names: tuple[str, ...],
     ips: tuple[str, ...] = (),
     *,
-    lifetimes: Lifetimes = Lifetimes(),
+    lifetimes: Lifetimes = DEFAULT_LIFETIMES,
     published: bool = True,
 ) -> Material | None:
     """What the Secret should hold next (see the module's steps), None: keep ``current``.
@@ -121,10 +124,10 @@ def next_material(
         return _issue(current, now, names, ips, lifetimes) if published else None
     if current.previous_ca and now >= _start(leaf) + lifetimes.backdate_s + lifetimes.settle_s:
         return replace(current, previous_ca=b"")
-    if _due(ca, now, lifetimes.renew_at):
+    if _due(ca, now, lifetimes):
         new_ca_cert, new_ca_key = _make_ca(now, lifetimes)
         return replace(current, ca_cert=new_ca_cert, ca_key=new_ca_key, previous_ca=current.ca_cert)
-    if _due(leaf, now, lifetimes.renew_at) or _sans(leaf) != (set(names), set(ips)):
+    if _due(leaf, now, lifetimes) or _sans(leaf) != (set(names), set(ips)):
         return _issue(current, now, names, ips, lifetimes)
     return None
 
@@ -145,9 +148,10 @@ def serial(pem: bytes) -> int:
     return x509.load_pem_x509_certificate(pem).serial_number
 
 
-def _due(cert: x509.Certificate, now: float, renew_at: float) -> bool:
-    start, end = _start(cert), cert.not_valid_after_utc.timestamp()
-    return now >= start + renew_at * (end - start)
+def _due(cert: x509.Certificate, now: float, lifetimes: Lifetimes) -> bool:
+    """Past ``renew_at`` of the life from when it was made (not-before less the backdate)."""
+    made, end = _start(cert) + lifetimes.backdate_s, cert.not_valid_after_utc.timestamp()
+    return now >= made + lifetimes.renew_at * (end - made)
 
 
 def _start(cert: x509.Certificate) -> float:
