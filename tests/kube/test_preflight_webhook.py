@@ -18,11 +18,12 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 from prometheus_client import CollectorRegistry
 
@@ -34,22 +35,13 @@ from gpuguard.preflight.gate import Gate, Running, start_gate
 from gpuguard.preflight.mutate import Settings
 from tests.support.clock import FakeClock
 from tests.support.cluster import wait_for
-from tests.support.controlplane import ControlPlane, free_port
+from tests.support.controlplane import REPO, ControlPlane, free_port
 from tests.support.metrics import sample
 
 IMAGE = "registry.example/gpuguard:test"
 LIFETIMES = Lifetimes(ca_s=30 * DAY_S, leaf_s=3 * DAY_S, backdate_s=365 * DAY_S, settle_s=60)
 TEST_LABEL = "gpuguard-test/preflight-webhook"
-# The chart's condition (deploy/helm/gpuguard/templates/preflight-webhook.yaml): the API
-# server compiles it when the configuration is created, and skips the call when false.
-WANTS_GPUS = (
-    "object.spec.containers.exists(c, has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits"
-    " || has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests)"
-    " || has(object.spec.initContainers) && object.spec.initContainers.exists(c,"
-    " has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits"
-    " || has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests)"
-    " || has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
-)
+CHART = REPO / "deploy" / "helm" / "gpuguard"
 
 
 @dataclass
@@ -60,7 +52,7 @@ class Webhook:
     registry: CollectorRegistry
     clock: FakeClock
     config: str
-    hook: str
+    label: str
     port: int
     opted_in: str  # a namespace labelled for this module's configuration
     plain: str  # a namespace that is not
@@ -76,50 +68,31 @@ def _namespace(api: KubeApi, labels: dict[str, str]) -> str:
     return name
 
 
-def _configuration(name: str, hook: str, port: int, label: str) -> Json:
-    """As the chart makes it (empty caBundle, fail open), addressed by URL on loopback."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [
-            {
-                "name": hook,
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate-pods"},
-                "rules": [
-                    {
-                        "operations": ["CREATE"],
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: ENABLED, TEST_LABEL: label}},
-                "objectSelector": {
-                    "matchExpressions": [
-                        {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": ["skip"]}
-                    ]
-                },
-                "matchConditions": [{"name": "wants-gpus", "expression": WANTS_GPUS}],
-                "failurePolicy": "Ignore",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "reinvocationPolicy": "Never",
-                "timeoutSeconds": 5,
-            }
-        ],
-    }
+def _configuration(helm: Callable[..., str], name: str, port: int, label: str) -> Json:
+    """The chart's configuration (rules, selectors, matchConditions, fail open, no
+    caBundle) under a name of this module's, addressed by URL on loopback, and sent only
+    pods of namespaces that also carry this module's label."""
+    rendered = helm("template", "gpuguard", str(CHART), "--set", "preflight.enabled=true")
+    kind = "MutatingWebhookConfiguration"
+    (config,) = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == kind]
+    config["metadata"] = {"name": name}
+    (hook,) = config["webhooks"]
+    assert "caBundle" not in hook["clientConfig"]
+    hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate-pods"}
+    hook["namespaceSelector"]["matchLabels"][TEST_LABEL] = label
+    hook["name"] = f"preflight-{label}.gpuguard.io"  # the API server's metrics name it
+    return config
 
 
 @pytest.fixture(scope="module")
-def webhook(api: KubeApi, control_plane: ControlPlane) -> Iterator[Webhook]:
+def webhook(
+    api: KubeApi, control_plane: ControlPlane, helm: Callable[..., str]
+) -> Iterator[Webhook]:
     label = uuid.uuid4().hex[:12]
     opted_in = _namespace(api, {NAMESPACE_LABEL: ENABLED, TEST_LABEL: label})
     plain = _namespace(api, {})
     port, config = free_port(), f"gpuguard-preflight-test-{label}"
-    hook = f"preflight-{label}.gpuguard.io"
-    api.create(WEBHOOK_CONFIGS.path(), _configuration(config, hook, port, label))
+    api.create(WEBHOOK_CONFIGS.path(), _configuration(helm, config, port, label))
     gate = Gate(
         port=port,
         namespace=opted_in,
@@ -142,7 +115,7 @@ def webhook(api: KubeApi, control_plane: ControlPlane) -> Iterator[Webhook]:
     )
     try:
         yield Webhook(
-            api, control_plane, running, registry, clock, config, hook, port, opted_in, plain
+            api, control_plane, running, registry, clock, config, label, port, opted_in, plain
         )
     finally:
         stop.set()
@@ -293,7 +266,11 @@ def _fail_open_count(webhook: Webhook) -> float:
     with urllib.request.urlopen(url, context=webhook.plane.ssl_context(), timeout=10) as answer:
         lines = answer.read().decode().splitlines()
     prefix = "apiserver_admission_webhook_fail_open_count{"
-    mine = [line for line in lines if line.startswith(prefix) and f'name="{webhook.hook}"' in line]
+    mine = [
+        line
+        for line in lines
+        if line.startswith(prefix) and f'name="preflight-{webhook.label}.gpuguard.io"' in line
+    ]
     return sum(float(line.rsplit(" ", 1)[1]) for line in mine)
 
 
