@@ -6,15 +6,25 @@ configuration's CEL and selectors meet the real API server in test_preflight_web
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import base64
+import contextlib
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
 from gpuguard.cli import build_parser
 from gpuguard.contract.preflight import ENABLED, NAMESPACE_LABEL, SKIP, SKIP_LABEL
-from tests.support.controlplane import REPO
+from gpuguard.kube.rest import KubeApi, KubeNotFound, KubeRefused, load_api
+from gpuguard.preflight import certs
+from gpuguard.preflight.cert_rotation import SECRETS, WEBHOOK_CONFIGS, Place, Rotator
+from gpuguard.preflight.webhook_server import ServingCert, WebhookMetrics
+from tests.support.controlplane import REPO, ControlPlane
 
 CHART = REPO / "deploy" / "helm" / "gpuguard"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "Secret")
@@ -145,3 +155,96 @@ def test_bad_values_are_refused(helm, settings, complaint):
     flags = [arg for value in settings for arg in ("--set", value)]
     err = helm("template", "gpuguard", str(CHART), *flags, ok=False)
     assert complaint in err
+
+
+# --- the chart's rights, used by gpuguard's own rotation code on the real API server ----
+
+
+@pytest.fixture
+def chart_objects(api: KubeApi, helm: Callable[..., str]) -> Iterator[tuple[str, Objects]]:
+    """The chart's preflight objects and the controller's ServiceAccount, created in a
+    namespace of their own (the configuration sent only pods of a label nobody has)."""
+    release = f"gpuguard-pf{uuid.uuid4().hex[:6]}"
+    api.create(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": release}},
+    )
+    settings = ("--set", "preflight.enabled=true", "--namespace", release)
+    out = helm("template", release, str(CHART), *settings)
+    ours = ("-webhook", "-webhook-tls", "-preflight")  # preflight-webhook.yaml's names
+    objects = [
+        doc
+        for doc in yaml.safe_load_all(out)
+        if doc
+        and (
+            doc["metadata"]["name"].endswith(ours)
+            or (doc["kind"], doc["metadata"]["name"]) == ("ServiceAccount", f"{release}-controller")
+        )
+    ]
+    created: list[str] = []
+    try:
+        for obj in objects:
+            if obj["kind"] == "MutatingWebhookConfiguration":
+                obj["webhooks"][0]["namespaceSelector"] = {
+                    "matchLabels": {"gpuguard-test/none": release}
+                }
+            path = _collection(obj)
+            api.create(path, obj)
+            created.append(f"{path}/{obj['metadata']['name']}")
+        yield release, objects
+    finally:
+        for path in reversed(created):
+            with contextlib.suppress(KubeNotFound):
+                api.delete(path)
+        api.delete(f"/api/v1/namespaces/{release}")
+
+
+def _collection(obj: dict[str, Any]) -> str:
+    version = obj["apiVersion"]
+    base = f"/api/{version}" if "/" not in version else f"/apis/{version}"
+    plural = obj["kind"].lower() + ("es" if obj["kind"].endswith("s") else "s")
+    namespace = obj["metadata"].get("namespace")
+    return f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+
+
+def test_the_controller_keeps_the_certificate_with_the_charts_rights_alone(
+    chart_objects, control_plane: ControlPlane, tmp_path: Path
+):
+    release, objects = chart_objects
+    assert sorted(o["kind"] for o in objects) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+    ]
+    account = next(o for o in objects if o["kind"] == "ServiceAccount")["metadata"]["name"]
+    token = control_plane.service_account_token(release, account)
+    kubeconfig = tmp_path / "controller.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(control_plane.kubeconfig_for_token(token)))
+    leading = threading.Event()
+    leading.set()
+    place = Place(
+        release,
+        f"{release}-webhook-tls",
+        f"{release}-preflight",
+        certs.service_names(f"{release}-controller-webhook", release),
+    )
+    cert = ServingCert(WebhookMetrics(CollectorRegistry()))
+    with load_api(kubeconfig) as controller:
+        rotator = Rotator(controller, place, cert, leading)
+        rotator.step()  # makes the material, writes the Secret and the caBundle
+        rotator.step()  # nothing left to do: reads only
+        secret = controller.get(SECRETS.path(place.secret, namespace=release))
+        config = controller.get(WEBHOOK_CONFIGS.path(place.webhook_config))
+        with pytest.raises(KubeRefused):
+            controller.get(SECRETS.path("someone-elses", namespace=release))
+        with pytest.raises(KubeRefused):
+            controller.get(WEBHOOK_CONFIGS.path("someone-elses"))
+    material = certs.material_from({k: base64.b64decode(v) for k, v in secret["data"].items()})
+    assert material is not None and cert.served == material.leaf_cert
+    bundle = config["webhooks"][0]["clientConfig"]["caBundle"]
+    assert base64.b64decode(bundle) == material.ca_bundle()
