@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +33,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuguard.contract.preflight import ENABLED, INIT_CONTAINER, NAMESPACE_LABEL
 from gpuguard.kube.rest import Json, KubeApi
-from gpuguard.preflight.cert_rotation import WEBHOOK_CONFIGS
-from gpuguard.preflight.certs import DAY_S, Lifetimes
+from gpuguard.preflight.cert_rotation import SECRETS, WEBHOOK_CONFIGS
+from gpuguard.preflight.certs import DAY_S, SECRET_KEYS, Lifetimes
 from gpuguard.preflight.gate import Gate, Running, start_gate
 from gpuguard.preflight.mutate import Settings
 from tests.support.clock import FakeClock
@@ -282,3 +286,53 @@ def test_with_the_webhook_down_pods_are_still_created_and_the_api_server_counts_
     pod = create(webhook, webhook.opted_in, gpu_pod())
     assert init_names(pod) == []
     wait_for(lambda: _fail_open_count(webhook) > before, 10, "the fail-open count up")
+
+
+@pytest.fixture
+def controller_process(
+    api: KubeApi, control_plane: ControlPlane, helm: Callable[..., str], tmp_path: Path
+) -> Iterator[tuple[str, str]]:
+    """A real ``gpuguard controller --webhook-port`` (dry run: it acts on no node) in a
+    namespace of its own, and the chart's configuration sent to it; yields that namespace
+    and a namespace opted in for it."""
+    label = uuid.uuid4().hex[:12]
+    home = _namespace(api, {})
+    opted_in = _namespace(api, {NAMESPACE_LABEL: ENABLED, TEST_LABEL: label})
+    port, config = free_port(), f"gpuguard-preflight-process-{label}"
+    api.create(WEBHOOK_CONFIGS.path(), _configuration(helm, config, port, label))
+    command = [sys.executable, "-m", "gpuguard.cli", "controller", "--dry-run"]
+    command += ["--kubeconfig", str(control_plane.admin_kubeconfig), "--namespace", home]
+    command += ["--identity", "replica-0", "--metrics-port", "0", "--webhook-port", str(port)]
+    command += ["--webhook-config", config, "--webhook-ip", "127.0.0.1"]
+    command += ["--preflight-image", IMAGE, "--preflight-budget", "20"]
+    with (tmp_path / "controller.log").open("w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield home, opted_in
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        api.delete(WEBHOOK_CONFIGS.path(config))
+        now = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+        for namespace in (home, opted_in):
+            api.delete(f"/api/v1/namespaces/{namespace}/pods", now)
+            api.delete(f"/api/v1/namespaces/{namespace}")
+
+
+def test_the_controller_command_serves_the_webhook_with_its_own_certificate(
+    api: KubeApi, controller_process: tuple[str, str]
+):
+    home, opted_in = controller_process
+
+    def mutated() -> Json | None:
+        pod = api.create(f"/api/v1/namespaces/{opted_in}/pods", gpu_pod(1))
+        return pod if INIT_CONTAINER in init_names(pod) else None
+
+    pod = wait_for(mutated, 60, "a GPU pod mutated by the controller's webhook")
+    check = pod["spec"]["initContainers"][0]
+    assert (check["image"], check["args"]) == (IMAGE, ["preflight", "--budget", "20"])
+    secret = api.get(SECRETS.path("gpuguard-webhook-tls", namespace=home))
+    assert sorted(secret["data"]) == sorted(SECRET_KEYS)

@@ -28,6 +28,7 @@ log = logging.getLogger("gpuguard.preflight")
 SECRETS = Resource("/api/v1", "secrets", namespaced=True)
 WEBHOOK_CONFIGS = Resource("/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations")
 EVERY_S = 30.0
+QUICK_S = 1.0  # how soon a new leader, or a replica still without a certificate, looks
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,20 @@ class Rotator:
                 self.step()
             except KubeError as exc:
                 log.warning("webhook certificate: %s (tried again in %.0f s)", exc, self.every_s)
-            if stop.wait(self.every_s):
+            if self._rest(stop):
                 return
+
+    def _rest(self, stop: threading.Event) -> bool:
+        """Wait ``every_s``, or less: a replica that just took the lead has a certificate
+        to make, one without a certificate has one to load. True once ``stop`` is set."""
+        led = self.leading.is_set()
+        until = SYSTEM_CLOCK.monotonic() + self.every_s
+        while not stop.wait(min(QUICK_S, max(0.0, until - SYSTEM_CLOCK.monotonic()))):
+            if SYSTEM_CLOCK.monotonic() >= until or self.leading.is_set() != led:
+                return False
+            if not self.cert.served:
+                return False
+        return True
 
     def step(self) -> None:
         secret = self._read_secret()
@@ -95,7 +108,7 @@ class Rotator:
         )
         if made is not None:
             self._write_secret(secret, made)
-            log.info("webhook certificate material renewed in Secret %s", place.secret)
+            log.info("webhook certificate material written to Secret %s", place.secret)
             material = made
         if material is not None:
             self._publish(material.ca_bundle())
