@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gpuguard.preflight import certs
 from gpuguard.preflight.certs import Lifetimes, Material, next_material
@@ -112,3 +114,7 @@ def test_unreadable_secret_data_is_no_material():
     assert certs.material_from({}) is None
     assert certs.material_from({**data, certs.LEAF_CERT: b"garbage"}) is None
     assert certs.material_from({**data, certs.CA_KEY: b""}) is None
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    assert certs.material_from({**data, certs.CA_KEY: rsa_key}) is None  # not ours: remade

@@ -69,7 +69,7 @@ class Rotator:
         while True:
             try:
                 self.step()
-            except KubeError as exc:
+            except (KubeError, ValueError) as exc:  # ValueError: material made by hand
                 log.warning("webhook certificate: %s (tried again in %.0f s)", exc, self.every_s)
             if self._rest(stop):
                 return

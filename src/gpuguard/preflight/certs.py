@@ -84,13 +84,13 @@ def material_from(data: dict[str, bytes]) -> Material | None:
         )
         x509.load_pem_x509_certificate(material.ca_cert)
         x509.load_pem_x509_certificate(material.leaf_cert)
-        serialization.load_pem_private_key(material.ca_key, None)
-        serialization.load_pem_private_key(material.leaf_key, None)
+        keys = [serialization.load_pem_private_key(k, None) for k in (data[CA_KEY], data[LEAF_KEY])]
         if material.previous_ca:
             x509.load_pem_x509_certificate(material.previous_ca)
     except (KeyError, ValueError, TypeError):
         return None
-    return material
+    # Only what this module makes: a key of another kind is replaced, never signed with.
+    return material if all(isinstance(k, ec.EllipticCurvePrivateKey) for k in keys) else None
 
 
 def service_names(service: str, namespace: str) -> tuple[str, ...]:

@@ -111,6 +111,8 @@ def serve_webhook(
     """Serve the webhook on a daemon thread; returns the server (``shutdown`` ends it)."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 30  # the handshake and the request: a silent client frees its thread
+
         def do_POST(self) -> None:
             if self.path.split("?", 1)[0] != MUTATE_PATH:
                 self._answer(404, b"not found\n")
