@@ -196,6 +196,16 @@ def test_a_gpu_pod_in_an_opted_in_namespace_gets_the_check_first(webhook):
     assert webhook.results("mutated") >= 2
 
 
+def test_a_dra_pod_shares_its_claims_with_the_check(webhook):
+    mutated_when_created(webhook)
+    train = {"name": "train", "image": "train:1", "resources": {"claims": [{"name": "gpus"}]}}
+    claims = [{"name": "gpus", "resourceClaimName": "gpus-7"}]
+    pod = {**gpu_pod(), "spec": {"containers": [train], "resourceClaims": claims}}
+    created = create(webhook, webhook.opted_in, pod)  # the API server validates the claims
+    assert init_names(created) == [INIT_CONTAINER]
+    assert created["spec"]["initContainers"][0]["resources"] == {"claims": [{"name": "gpus"}]}
+
+
 def test_a_namespace_not_opted_in_is_untouched(webhook):
     mutated_when_created(webhook)
     before = webhook.results("mutated") + webhook.results("skipped")
