@@ -12,8 +12,11 @@ from gpuguard import logs, threads
 from gpuguard.clock import SYSTEM_CLOCK, OffsetClock
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
+from gpuguard.errors import ConfigError
 from gpuguard.kube.rest import load_api_for_command
 from gpuguard.metrics_server import serve
+from gpuguard.preflight.gate import Gate, start_gate
+from gpuguard.preflight.mutate import Settings
 from gpuguard.remediation.policy import Policy, load_policy
 
 log = logging.getLogger("gpuguard.controller")
@@ -46,6 +49,7 @@ def run_controller(args: argparse.Namespace) -> int:
     logs.configure(args.log_format)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     policy = Policy() if args.policy is None else load_policy(args.policy)
+    gate = _gate(args) if args.webhook_port else None
     api = load_api_for_command(args.kubeconfig)
     metrics = ControllerMetrics()
     if args.metrics_port:
@@ -73,9 +77,26 @@ def run_controller(args: argparse.Namespace) -> int:
         " in dry-run" if args.dry_run else "",
         args.provider,
     )
+    if gate is not None:
+        start_gate(gate, controller.writer, controller.leading, metrics.registry, stop)
     controller.run(stop)
     if controller.failed:
         log.error("gpuguard controller %s failed: %s", args.identity, controller.failed)
         return 1
     log.info("gpuguard controller %s stopped", args.identity)
     return 0
+
+
+def _gate(args: argparse.Namespace) -> Gate:
+    """The preflight webhook's settings (docs/preflight.md)."""
+    if not args.preflight_image:
+        raise ConfigError("--webhook-port needs --preflight-image (the init container's image)")
+    return Gate(
+        port=args.webhook_port,
+        namespace=args.namespace,
+        secret=args.webhook_secret,
+        webhook_config=args.webhook_config,
+        service=args.webhook_service,
+        settings=Settings(image=args.preflight_image, budget_s=args.preflight_budget),
+        ips=tuple(args.webhook_ip),
+    )

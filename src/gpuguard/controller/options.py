@@ -67,6 +67,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="label selector (key=value or key terms, comma separated) of the nodes counted in "
         "GPU-node availability; the chart passes the agent's nodeSelector",
     )
+    _add_webhook_arguments(parser)
+
+
+def _add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
+    """The preflight gate (docs/preflight.md): off unless --webhook-port is given."""
+    group = parser.add_argument_group("preflight webhook")
+    group.add_argument(
+        "--webhook-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve the preflight admission webhook (HTTPS) here; 0 (the default): off",
+    )
+    group.add_argument(
+        "--webhook-secret",
+        default="gpuguard-webhook-tls",
+        metavar="NAME",
+        help="Secret (in --namespace) holding the webhook's CA and certificate",
+    )
+    group.add_argument(
+        "--webhook-config",
+        default="gpuguard-preflight",
+        metavar="NAME",
+        help="MutatingWebhookConfiguration whose caBundle the leader keeps; '' for none",
+    )
+    group.add_argument(
+        "--webhook-service",
+        default="gpuguard-controller-webhook",
+        metavar="NAME",
+        help="Service (in --namespace) the API server calls: the certificate's DNS names",
+    )
+    group.add_argument(
+        "--webhook-ip",
+        action="append",
+        type=_ip,
+        default=[],
+        metavar="IP",
+        help="an IP address the certificate also names (repeatable)",
+    )
+    group.add_argument(
+        "--preflight-image",
+        default=os.environ.get("GPUGUARD_PREFLIGHT_IMAGE", ""),
+        metavar="IMAGE",
+        help="image of the init container the webhook adds (gpuguard's own)",
+    )
+    group.add_argument(
+        "--preflight-budget",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="S",
+        help="time limit of the check the init container runs",
+    )
 
 
 def add_preflight_argument(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +139,25 @@ def _positive_days(text: str) -> float:
     if not days > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 days: {text!r}")
     return days
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < seconds < 86400:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and under a day: {text!r}")
+    return seconds
+
+
+def _ip(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
 
 
 def _selector(text: str) -> object:

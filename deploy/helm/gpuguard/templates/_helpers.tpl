@@ -173,3 +173,21 @@ dnsPolicy: ClusterFirstWithHostNet
 {{- printf "%s#%s" (.root.Values.prometheusRule.runbookBaseUrl | default "docs/runbooks.md") (lower .name) }}
 {{- end }}
 {{- end }}
+
+{{/* The preflight webhook's Secret and MutatingWebhookConfiguration (templates/preflight-webhook.yaml). */}}
+{{- define "gpuguard.preflight.secret" -}}
+{{- printf "%s-webhook-tls" (include "gpuguard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuguard.preflight.config" -}}
+{{- printf "%s-preflight" (include "gpuguard.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+A pod wants GPUs: nvidia.com/gpu in a container's or init container's limits or requests,
+or any resource claim (DRA). Mirrors src/gpuguard/preflight/mutate.py.
+*/}}
+{{- define "gpuguard.preflight.wantsGpus" -}}
+{{- $asks := "has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits || has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests" -}}
+object.spec.containers.exists(c, {{ $asks }}) || has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $asks }}) || has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0
+{{- end }}
