@@ -71,12 +71,12 @@ def serve(metrics: Served, port: int, host: str = "0.0.0.0") -> ThreadingHTTPSer
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes every few seconds would flood the daemon's log
 
-    server = _QuietServer((host, port), Handler)
+    server = QuietServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
 
 
-class _QuietServer(ThreadingHTTPServer):
+class QuietServer(ThreadingHTTPServer):
     """Waits for a connection without waking up twice a second to look for a shutdown
     (the standard loop's poll, most of an idle agent's wake-ups); ``shutdown`` wakes it
     with connections of its own until it has stopped."""

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuguard.metrics_server import _QuietServer
+from gpuguard.metrics_server import QuietServer
 from gpuguard.preflight import certs
 from gpuguard.preflight.mutate import ERROR, MUTATED, SKIPPED, Answer, Settings, review
 
@@ -88,7 +88,7 @@ class ServingCert:
         return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
 
 
-class WebhookServer(_QuietServer):
+class WebhookServer(QuietServer):
     """A threading HTTP server whose connections are TLS with the current certificate."""
 
     def __init__(self, address: tuple[str, int], cert: ServingCert, handler: type) -> None:
