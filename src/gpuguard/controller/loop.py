@@ -19,7 +19,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gpuguard import threads
 from gpuguard.clock import SYSTEM_CLOCK, Clock
@@ -54,10 +54,7 @@ from gpuguard.kube.remediations import (
 from gpuguard.kube.rest import NODES, PODS, KubeApi, WatchEvent
 from gpuguard.kube.watch import WATCH_JOIN_S, Snapshot
 from gpuguard.metrics_server import LIVENESS_S
-from gpuguard.remediation.health import (
-    AGENT_SILENT,
-    silenced,
-)
+from gpuguard.remediation.health import AGENT_SILENT, silenced
 from gpuguard.remediation.model import NodeObservation, Plan
 from gpuguard.remediation.policy import Policy
 from gpuguard.remediation.reconciler import Reconciler
@@ -89,6 +86,7 @@ class Controller:
         lease_s: float = 15.0,
         renew_s: float = 5.0,
         retry_s: float = RETRY_S,
+        gpu_quarantine: Callable[[Controller], object] | None = None,
     ) -> None:
         self.api = api
         self.policy = policy
@@ -128,6 +126,8 @@ class Controller:
         self._held_told: set[str] = set()  # held nodes already announced by an Event
         self.watch_threads: list[threading.Thread] = []
         self.failed = ""  # why run() ended by itself ("": it did not)
+        if gpu_quarantine is not None:  # DRA device taints (controller/gpu_quarantine.py)
+            gpu_quarantine(self)
 
     def _add_watched_parts(self, policy: Policy, dry_run: bool) -> None:
         """What the watches feed: the Node cache and the parts it tells of a change, and

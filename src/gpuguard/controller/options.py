@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=9466, metavar="PORT", help="0 disables /metrics"
     )
     logs.add_argument(parser)
+    add_gpu_quarantine(parser)
     parser.add_argument(
         "--keep-closed-days",
         type=_positive_days,
@@ -65,6 +66,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SELECTOR",
         help="label selector (key=value or key terms, comma separated) of the nodes counted in "
         "GPU-node availability; the chart passes the agent's nodeSelector",
+    )
+
+
+def add_gpu_quarantine(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpu-quarantine",
+        action="store_true",
+        help="quarantine a fault confined to some GPUs by tainting just those DRA devices "
+        "(DeviceTaintRules; docs/gpu-quarantine.md), not the node; the node's taint stands "
+        "in where that cannot be done",
+    )
+    parser.add_argument(
+        "--gpu-quarantine-driver",
+        default="gpu.nvidia.com",
+        metavar="DRIVER",
+        help="the DRA driver whose ResourceSlices publish the GPUs (default: %(default)s)",
     )
 
 
