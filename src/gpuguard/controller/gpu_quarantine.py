@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuguard.controller")
 REDISCOVER_S = 600.0  # a server that served no DeviceTaintRule is asked again this often
+REPORT_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class GpuQuarantine:
         self.api = controller.api
         self.policy = controller.policy
         self.clock: Clock = controller.clock
-        self.observed: Callable[[str], NodeObservation | None] = controller.nodes.observed.get
+        cache = controller.nodes  # its dict is replaced on each full list: looked up each time
+        self.observed: Callable[[str], NodeObservation | None] = lambda n: cache.observed.get(n)
         self.episodes: Callable[[], Mapping[str, Episode]] = lambda: controller.reconciler.episodes
         registry = controller.metrics.registry
         self.available = Gauge(
@@ -166,9 +168,23 @@ class GpuQuarantine:
             log.info("%s: the node's taint, not its GPUs': %s", name, why, extra=logs.about(name))
         return fleet.taint(api, node)
 
+    def _read(self, name: str) -> NodeObservation | None:
+        """The node as last seen; a bad layer whose report has not named its findings
+        yet (the agent writes the condition first, its report just after) is waited for,
+        ``REPORT_WAIT_S`` at most."""
+        deadline = self.clock.monotonic() + REPORT_WAIT_S
+        while True:
+            observed = self.observed(name)
+            lagging = observed is not None and any(
+                layer.status == FALSE and not layer.codes for layer in observed.layers.values()
+            )
+            if not lagging or self.clock.monotonic() >= deadline:
+                return observed
+            threading.Event().wait(0.05)
+
     def _why_not(self, api: KubeApi, name: str) -> str:
-        """"" once the rules are in place; else why the node is tainted instead."""
-        observed = self.observed(name)
+        """Nothing once the rules are in place; else why the node is tainted instead."""
+        observed = self._read(name)
         taints = self._discovered()
         with self._lock:
             escalated, held = name in self._escalated, self._held.get(name)
