@@ -7,6 +7,8 @@ with ``nodeName`` would skip it, and no claim would be allocated)."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,8 +48,8 @@ POLICY: dict[str, Any] = {**FAST_POLICY, "tolerance_s": 600}
 
 
 @pytest.fixture(scope="module")
-def dra_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
-    """The plane, the scheduler and the two DRA controllers, the DeviceClass."""
+def dra_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The plane, the scheduler and the two DRA controllers (eviction, claims)."""
     workdir = Path(tmp_path_factory.mktemp("dra"))
     started = time.monotonic()
     flags = ("--runtime-config=resource.k8s.io/v1alpha3=true", f"--feature-gates={GATES}")
@@ -62,16 +64,22 @@ def dra_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
         try:
             system.start()
             log.warning("the DRA plane started in %.1fs", time.monotonic() - started)
-            with load_api(plane.admin_kubeconfig) as api:
-                install_crds(api)
-                selector = {"cel": {"expression": f'device.driver == "{DRIVER}"'}}
-                api.create(
-                    f"{RESOURCE}/deviceclasses",
-                    {"metadata": {"name": CLASS}, "spec": {"selectors": [selector]}},
-                )
-                yield api
+            yield plane
         finally:
             system.stop()
+
+
+@pytest.fixture(scope="module")
+def dra_api(dra_plane: ControlPlane) -> Iterator[KubeApi]:
+    """An admin client, gpuguard's CRDs and a DeviceClass of the test driver's GPUs."""
+    with load_api(dra_plane.admin_kubeconfig) as api:
+        install_crds(api)
+        selector = {"cel": {"expression": f'device.driver == "{DRIVER}"'}}
+        api.create(
+            f"{RESOURCE}/deviceclasses",
+            {"metadata": {"name": CLASS}, "spec": {"selectors": [selector]}},
+        )
+        yield api
 
 
 def pci(index: int) -> str:
@@ -259,8 +267,52 @@ def test_a_node_wide_fault_or_an_unknown_gpu_taints_the_node(dra_api):
             registry = controller.metrics.registry
             assert sample(registry, escalated, reason="unresolved") == 1
             assert sample(registry, escalated, reason="node") == 1
+            set_health(api, node)
+            wait_for(lambda: not tainted(api, node), 30, "the node's taint lifted")
         finally:
             thread.halt()
+
+
+def test_a_gpu_fault_that_climbs_past_a_reset_taints_the_node(dra_api):
+    api = dra_api
+    with scratch_namespace(api) as namespace:
+        node = f"kwok-dra-{uuid.uuid4().hex[:6]}"
+        make_kwok_node(api, node, {"kubernetes.io/hostname": node, POOL: node})
+        api.create(f"{RESOURCE}/resourceslices", gpu_slice(node))
+        _, thread = start(api, namespace)
+        try:
+            # Degraded and deferred: the running work stays (NoSchedule).
+            set_health(api, node, gpu="False", action="RESET_GPU", gpus=(pci(5),), deferred=True)
+            (rule,) = wait_for(lambda: rules(api, node), 30, "the device's rule")
+            assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+            assert rule["spec"]["deviceSelector"]["device"] == "gpu-5"
+            wait_for(lambda: remediations(api, node), 30, "the episode recorded")
+            assert not tainted(api, node)
+            # The same GPU now needs a reboot: more than a device taint can hold.
+            set_health(api, node, gpu="False", action="REBOOT", gpus=(pci(5),))
+            wait_for(lambda: tainted(api, node), 30, "the node's taint")
+            set_health(api, node)
+            wait_for(lambda: not tainted(api, node) and not rules(api, node), 30, "all lifted")
+        finally:
+            thread.halt()
+
+
+def test_cleanup_removes_gpuguards_device_taint_rules(dra_plane, dra_api):
+    api, taints = dra_api, dra.discover(dra_api)
+    device = dra.Device(DRIVER, "some-pool", "gpu-0")
+    dra.put_rule(api, taints, dra.rule(taints, "some-node", device, "NoSchedule", "XID_48"))
+    foreign = {
+        "metadata": {"name": "not-gpuguards"},
+        "spec": {"taint": {"key": "k", "effect": "NoSchedule"}},
+    }
+    api.create(taints.rules.path(), foreign)
+    command = [sys.executable, "-m", "gpuguard.cli", "cleanup", "--apply"]
+    command += ["--kubeconfig", str(dra_plane.admin_kubeconfig)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "removed DeviceTaintRule gpuguard-some-node-gpu-0" in done.stdout
+    assert [r["metadata"]["name"] for r in api.list(taints.rules.path()).items] == ["not-gpuguards"]
+    api.delete(taints.rules.path("not-gpuguards"))
 
 
 def test_without_device_taint_rules_served_the_node_is_tainted(api, namespace):
