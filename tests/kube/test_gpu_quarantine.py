@@ -329,3 +329,17 @@ def test_without_device_taint_rules_served_the_node_is_tainted(api, namespace):
         assert sample(registry, escalated, reason="unavailable") == 1
     finally:
         thread.halt()
+
+
+def test_a_leftover_rule_of_a_node_without_an_episode_is_swept(dra_api):
+    # As when the node was deleted while quarantined, or a leader went between the close
+    # and the untaint: the new leader deletes it (ours only) when its leadership starts.
+    api, taints = dra_api, dra.discover(dra_api)
+    device = dra.Device(DRIVER, "gone", "gpu-1")
+    dra.put_rule(api, taints, dra.rule(taints, "gone", device, "NoExecute", "XID_48"))
+    with scratch_namespace(api) as namespace:
+        _, thread = start(api, namespace)
+        try:
+            wait_for(lambda: not rules(api, "gone"), 30, "the leftover rule swept")
+        finally:
+            thread.halt()

@@ -31,6 +31,7 @@ from gpuguard.clock import Clock
 from gpuguard.contract.conditions import FALSE, TRUE
 from gpuguard.kube import dra, fleet
 from gpuguard.kube.errors import KubeError, KubeFenced
+from gpuguard.kube.remediations import read_episodes
 from gpuguard.kube.rest import Json, KubeApi
 from gpuguard.model import Action
 from gpuguard.remediation.model import DecisionKind, Episode, NodeObservation
@@ -102,6 +103,8 @@ class GpuQuarantine:
 
     def attach(self, controller: Controller) -> None:
         self.api = controller.api
+        self.writer = controller.writer  # fenced by leadership
+        controller.closed.sweeps.append(self.sweep)
         self.policy = controller.policy
         self.clock: Clock = controller.clock
         cache = controller.nodes  # its dict is replaced on each full list: looked up each time
@@ -243,18 +246,38 @@ class GpuQuarantine:
             self._count()
 
     def untaint(self, api: KubeApi, node: Json) -> Json:
-        """The quarantine ends: the node's GPU rules go, then its taint (if any)."""
+        """The quarantine ends: the node's taint (if any) goes, then its GPU rules. If
+        they cannot be deleted the hold stays, so the next pass sends the untaint again."""
         name = str(node["metadata"]["name"])
+        untainted = fleet.untaint(api, node)
         taints = self._discovered()
         if taints.available:
             for found in dra.our_rules(api, taints, name):
-                if dra.delete_rule(api, taints, found["metadata"]["name"]):
-                    log.info("%s: %s deleted", name, found["metadata"]["name"])
+                self._delete(api, taints, name, found)
         with self._lock:
             self._held.pop(name, None)
             self._escalated.discard(name)
             self._count()
-        return fleet.untaint(api, node)
+        return untainted
+
+    def _delete(self, api: KubeApi, taints: dra.DeviceTaints, name: str, found: Json) -> None:
+        if dra.delete_rule(api, taints, found["metadata"]["name"]):
+            log.info("%s: %s deleted", name, found["metadata"]["name"], extra=logs.about(name))
+
+    def sweep(self) -> None:
+        """Rules of nodes with no open episode and no hold here: a node deleted while
+        quarantined, or a leader gone between an episode's close and its untaint. The
+        episodes are read from the cluster, not from a pass that may not have run yet."""
+        taints = self._discovered()
+        if not taints.available:
+            return
+        keep = set(read_episodes(self.api).open)
+        with self._lock:
+            keep |= self._held.keys()
+        for found in dra.our_rules(self.writer, taints):
+            node = dra.node_of(found)
+            if node not in keep:
+                self._delete(self.writer, taints, node, found)
 
     def _count(self) -> None:
         self.devices.set(sum(len(rules) for _, rules, _ in self._held.values()))

@@ -225,8 +225,8 @@ def our_rules(api: KubeApi, taints: DeviceTaints, node: str = "") -> list[Json]:
     found = api.list(taints.rules.path(), label_selector=MANAGED_BY).items
     if not node:
         return found
-    return [r for r in found if _node_of(r) == node]
+    return [r for r in found if node_of(r) == node]
 
 
-def _node_of(found: Json) -> str:
+def node_of(found: Json) -> str:
     return str(((found.get("metadata") or {}).get("annotations") or {}).get(NODE_ANNOTATION, ""))
