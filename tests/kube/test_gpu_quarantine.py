@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuguard.controller.gpu_quarantine import install
 from gpuguard.controller.loop import Controller
@@ -343,3 +344,42 @@ def test_a_leftover_rule_of_a_node_without_an_episode_is_swept(dra_api):
             wait_for(lambda: not rules(api, "gone"), 30, "the leftover rule swept")
         finally:
             thread.halt()
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_the_chart_values_reach_the_controllers_flags_and_role(helm, dry_run):
+    chart = str(controlplane.REPO / "deploy" / "helm" / "gpuguard")
+    values = ["--set", f"controller.dryRun={str(dry_run).lower()}"]
+
+    def rendered(*more: str) -> list[dict[str, Any]]:
+        out = helm("template", "fleet", chart, *values, *more)
+        return [doc for doc in yaml.safe_load_all(out) if doc]
+
+    def controller(objects: list[dict[str, Any]]) -> tuple[list[str], set[str]]:
+        (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+        (role,) = [
+            o
+            for o in objects
+            if o["kind"] == "ClusterRole" and "controller" in o["metadata"]["name"]
+        ]
+        granted = {
+            f"{r['resources'][0]}:{verb}"
+            for r in role["rules"]
+            if "resource.k8s.io" in r["apiGroups"]
+            for verb in r["verbs"]
+        }
+        return deployment["spec"]["template"]["spec"]["containers"][0]["command"], granted
+
+    command, granted = controller(rendered())
+    assert "--gpu-quarantine" not in command and not granted  # off by default
+    on = ("--set", "gpuQuarantine.enabled=true", "--set", "gpuQuarantine.driver=gpu.example.com")
+    command, granted = controller(rendered(*on))
+    at = command.index("--gpu-quarantine-driver")
+    assert "--gpu-quarantine" in command and command[at + 1] == "gpu.example.com"
+    writes = {f"devicetaintrules:{v}" for v in ("create", "update", "patch", "delete")}
+    reads = {
+        f"{kind}:{v}"
+        for kind in ("resourceslices", "devicetaintrules")
+        for v in ("get", "list", "watch")
+    }
+    assert granted == reads | (set() if dry_run else writes)
