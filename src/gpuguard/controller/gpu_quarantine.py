@@ -100,6 +100,7 @@ class GpuQuarantine:
         self._discovered_at = -float("inf")
         self._held: dict[str, tuple[Confined, frozenset[str], float]] = {}  # rules, since
         self._escalated: set[str] = set()
+        self._writing: set[str] = set()  # nodes whose rules are being written
 
     def attach(self, controller: Controller) -> None:
         self.api = controller.api
@@ -228,6 +229,27 @@ class GpuQuarantine:
             held = self._held.get(name)
         if held is not None and held[0] == wanted and held[1] == names:
             return
+        with self._lock:
+            self._writing.add(name)  # before the write: a sweep must not take it for a leftover
+        try:
+            self._write(api, taints, name, wanted, devices, held)
+        finally:
+            with self._lock:
+                self._writing.discard(name)
+        with self._lock:
+            self._held[name] = (wanted, frozenset(names), since)
+            self._count()
+
+    def _write(
+        self,
+        api: KubeApi,
+        taints: dra.DeviceTaints,
+        name: str,
+        wanted: Confined,
+        devices: list[dra.Device],
+        held: tuple[Confined, frozenset[str], float] | None,
+    ) -> None:
+        names = {dra.rule_name(name, d.name) for d in devices}
         for device in devices:
             body = dra.rule(taints, name, device, wanted.effect, wanted.value)
             if dra.put_rule(api, taints, body):
@@ -241,9 +263,6 @@ class GpuQuarantine:
                 )
         for stale in (held[1] if held is not None else frozenset()) - names:
             dra.delete_rule(api, taints, stale)
-        with self._lock:
-            self._held[name] = (wanted, frozenset(names), since)
-            self._count()
 
     def untaint(self, api: KubeApi, node: Json) -> Json:
         """The quarantine ends: the node's taint (if any) goes, then its GPU rules. If
@@ -271,13 +290,19 @@ class GpuQuarantine:
         taints = self._discovered()
         if not taints.available:
             return
+        found = dra.our_rules(self.writer, taints)  # first: what is kept is read after it
         keep = set(read_episodes(self.api).open)
+        listed = {str(rule["metadata"]["name"]) for rule in found}
         with self._lock:
-            keep |= self._held.keys()
-        for found in dra.our_rules(self.writer, taints):
-            node = dra.node_of(found)
+            keep |= self._held.keys() | self._writing
+            # A hold whose rule is gone (deleted by hand) is dropped: the next pass sees
+            # the node untainted and writes the rule again.
+            for node in [n for n, held in self._held.items() if not held[1] <= listed]:
+                del self._held[node]
+        for rule in found:
+            node = dra.node_of(rule)
             if node not in keep:
-                self._delete(self.writer, taints, node, found)
+                self._delete(self.writer, taints, node, rule)
 
     def _count(self) -> None:
         self.devices.set(sum(len(rules) for _, rules, _ in self._held.values()))
