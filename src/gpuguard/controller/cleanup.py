@@ -42,10 +42,19 @@ class ClosedEpisodes:
                 continue
             try:
                 self.collect()
-                for sweep in self.sweeps:
-                    sweep()
             except KubeError as exc:  # tried again at the next round
                 log.warning("collecting closed NodeRemediations failed: %s", exc)
             except Exception:  # a bug: the next round tries again, the controller goes on
                 log.exception("collecting closed NodeRemediations failed")
+            for sweep in self.sweeps:
+                _sweep(sweep)
             stop.wait(self.every_s)
+
+
+def _sweep(sweep: Callable[[], object]) -> None:
+    try:
+        sweep()
+    except KubeError as exc:  # tried again at the next round
+        log.warning("sweeping failed: %s", exc)
+    except Exception:  # a bug: the next round tries again, the controller goes on
+        log.exception("sweeping failed")

@@ -105,7 +105,8 @@ class GpuQuarantine:
     def attach(self, controller: Controller) -> None:
         self.api = controller.api
         self.writer = controller.writer  # fenced by leadership
-        controller.closed.sweeps.append(self.sweep)
+        if not controller.applier.dry_run:  # a dry run deletes nothing, leftovers neither
+            controller.closed.sweeps.append(self.sweep)
         self.policy = controller.policy
         self.clock: Clock = controller.clock
         cache = controller.nodes  # its dict is replaced on each full list: looked up each time
