@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuguard.contract.conditions import PROFILES
+
+if TYPE_CHECKING:
+    from gpuguard.kube.rest import KubeApi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,4 +80,30 @@ def run_cleanup(args: argparse.Namespace) -> int:
         f"gpuguard cleanup: {len(found)} of {len(nodes)} Nodes carried gpuguard's marks"
         + ("" if args.apply else " (dry run: --apply removes them)")
     )
+    failed += _device_taint_rules(api, args.node or "", args.apply, say)
     return 1 if failed else 0
+
+
+def _device_taint_rules(api: KubeApi, node: str, apply: bool, say: Callable[[str], None]) -> int:
+    """gpuguard's DeviceTaintRules (per-GPU quarantine) go too; the number that failed."""
+    from gpuguard.kube import dra
+    from gpuguard.kube.errors import KubeError
+
+    try:
+        taints = dra.discover(api)
+        rules = dra.our_rules(api, taints, node) if taints.available else []
+    except KubeError as exc:
+        say(f"gpuguard cleanup: cannot read the DeviceTaintRules: {exc}")
+        return 1
+    failed = 0
+    for rule in rules:
+        name = rule["metadata"]["name"]
+        if apply:
+            try:
+                dra.delete_rule(api, taints, name)
+            except KubeError as exc:
+                failed += 1
+                say(f"gpuguard cleanup: DeviceTaintRule {name}: {exc}")
+                continue
+        print(f"{'removed' if apply else 'would remove'} DeviceTaintRule {name}")
+    return failed

@@ -167,12 +167,20 @@ class ControlPlane(Component):
     ``audit``: log every write (level Request, JSON lines) to ``audit_log``.
     ``service_accounts``: the ServiceAccount admission plugin on, so a kubelet mounts each
     pod's token (with :meth:`publish_root_ca` for the CA beside it); off by default, as
-    the pods of the other tests have no kubelet and their accounts may not exist."""
+    the pods of the other tests have no kubelet and their accounts may not exist.
+    ``extra_args``: more kube-apiserver flags (``--feature-gates``, ``--runtime-config``)."""
 
     def __init__(
-        self, workdir: Path, bin_dir: Path, *, audit: bool = False, service_accounts: bool = False
+        self,
+        workdir: Path,
+        bin_dir: Path,
+        *,
+        audit: bool = False,
+        service_accounts: bool = False,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.workdir = workdir
+        self.extra_args = extra_args
         self.audit_log = workdir / "audit.log" if audit else None
         self.service_accounts = service_accounts
         self.bin = bin_dir
@@ -227,6 +235,7 @@ class ControlPlane(Component):
                 *([] if self.service_accounts else ["--disable-admission-plugins=ServiceAccount"]),
                 "--enable-priority-and-fairness=false",
                 "--v=1",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -47,13 +47,20 @@ class JobSystem:
     each with a log in ``workdir``; ``stop`` ends whichever of them started."""
 
     def __init__(
-        self, plane: ControlPlane, workdir: Path, controllers: tuple[str, ...] = ("job",)
+        self,
+        plane: ControlPlane,
+        workdir: Path,
+        controllers: tuple[str, ...] = ("job",),
+        feature_gates: str = "",
     ) -> None:
         """``controllers``: kube-controller-manager's, by name without ``-controller``
-        (only the Job controller on the shared API server; see the module's docstring)."""
+        (only the Job controller on the shared API server; see the module's docstring).
+        ``feature_gates``: kube-controller-manager's and kube-scheduler's
+        (``DRADeviceTaints=true``)."""
         self.plane = plane
         self.workdir = workdir
         self.controllers = controllers
+        self.gates = [f"--feature-gates={feature_gates}"] if feature_gates else []
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
@@ -71,6 +78,7 @@ class JobSystem:
                 f"--secure-port={port}",
                 f"--cert-dir={self.workdir / 'kcm-certs'}",
                 "--v=2",
+                *self.gates,
             ],
             f"https://127.0.0.1:{port}/healthz",
         )
@@ -84,6 +92,7 @@ class JobSystem:
                 f"--secure-port={port}",
                 f"--cert-dir={self.workdir / 'scheduler-certs'}",
                 "--v=2",
+                *self.gates,
             ],
             f"https://127.0.0.1:{port}/healthz",
         )

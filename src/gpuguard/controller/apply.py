@@ -77,6 +77,8 @@ class Applier:
         self.events = events
         self.metrics = metrics
         self.dry_run = dry_run
+        # How TAINT and the other node writes are done (per-GPU quarantine replaces two).
+        self.node_writes: dict[Kind, Callable[[KubeApi, Json], object]] = dict(_NODE_WRITES)
         # NodeRemediation name -> the resourceVersion last seen (watch, list, own writes):
         # each episode write is conditional on it.
         self.versions: dict[str, str] = {}
@@ -180,7 +182,7 @@ class Applier:
         if self.dry_run:
             return  # logged as done, "dry-run: " first
         node = nodes.get(decision.node)
-        write = _NODE_WRITES.get(decision.kind)
+        write = self.node_writes.get(decision.kind)
         if write is not None:
             if node is not None:
                 write(self.api, node)

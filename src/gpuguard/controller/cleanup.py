@@ -1,12 +1,14 @@
 """Cleanup, on its own thread: the NodeRemediations of episodes closed longer ago than the
 retention window are deleted while this replica leads, once at the start of its leadership
 and every ``COLLECT_EVERY_S`` after, so the objects (and a new leader's first list) do not
-grow without bound. Closed episodes are the audit trail: a month by default."""
+grow without bound. Closed episodes are the audit trail: a month by default. ``sweeps``
+run in the same rounds (per-GPU quarantine's leftover DeviceTaintRules)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from gpuguard.clock import Clock
 from gpuguard.kube.errors import KubeError
@@ -26,6 +28,7 @@ class ClosedEpisodes:
         self.keep_s = keep_s
         self.clock = clock
         self.every_s = every_s
+        self.sweeps: list[Callable[[], object]] = []
 
     def collect(self) -> int:
         deleted = delete_closed_before(self.writer, self.clock.now() - self.keep_s)
@@ -43,4 +46,15 @@ class ClosedEpisodes:
                 log.warning("collecting closed NodeRemediations failed: %s", exc)
             except Exception:  # a bug: the next round tries again, the controller goes on
                 log.exception("collecting closed NodeRemediations failed")
+            for sweep in self.sweeps:
+                _sweep(sweep)
             stop.wait(self.every_s)
+
+
+def _sweep(sweep: Callable[[], object]) -> None:
+    try:
+        sweep()
+    except KubeError as exc:  # tried again at the next round
+        log.warning("sweeping failed: %s", exc)
+    except Exception:  # a bug: the next round tries again, the controller goes on
+        log.exception("sweeping failed")

@@ -19,7 +19,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gpuguard import threads
 from gpuguard.clock import SYSTEM_CLOCK, Clock
@@ -83,6 +83,7 @@ class Controller:
         renew_s: float = 5.0,
         retry_s: float = RETRY_S,
         preflight: bool = False,  # read the preflight gate's outcomes (preflight.py)
+        gpu_quarantine: Callable[[Controller], object] | None = None,
     ) -> None:
         self.api = api
         self.policy = policy
@@ -122,6 +123,8 @@ class Controller:
         self._held_told: set[str] = set()  # held nodes already announced by an Event
         self.watch_threads: list[threading.Thread] = []
         self.failed = ""  # why run() ended by itself ("": it did not)
+        if gpu_quarantine is not None:  # DRA device taints (controller/gpu_quarantine.py)
+            gpu_quarantine(self)
 
     def _add_watched_parts(self, policy: Policy, dry_run: bool, preflight: bool) -> None:
         """What the watches feed: the Node cache and the parts it tells of a change, and

@@ -10,6 +10,7 @@ import threading
 
 from gpuguard import logs, threads
 from gpuguard.clock import SYSTEM_CLOCK, OffsetClock
+from gpuguard.controller.gpu_quarantine import install
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.errors import ConfigError
@@ -70,6 +71,7 @@ def run_controller(args: argparse.Namespace) -> int:
         keep_closed_s=args.keep_closed_days * 86400,
         clock=OffsetClock(args.clock_offset_s) if args.clock_offset_s else SYSTEM_CLOCK,
         preflight=args.preflight,
+        gpu_quarantine=install(args.gpu_quarantine_driver) if args.gpu_quarantine else None,
     )
     log.info(
         "gpuguard controller %s starting%s (provider %s)",

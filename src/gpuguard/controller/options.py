@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     logs.add_argument(parser)
     add_preflight_argument(parser)
+    add_gpu_quarantine(parser)
     parser.add_argument(
         "--keep-closed-days",
         type=_positive_days,
@@ -128,6 +129,22 @@ def add_preflight_argument(parser: argparse.ArgumentParser) -> None:
         help="read the preflight gate's outcomes: a failed gpuguard-preflight init container "
         "quarantines its node; GPU pods admitted unchecked in opted-in namespaces are counted "
         "(watches Namespaces)",
+    )
+
+
+def add_gpu_quarantine(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpu-quarantine",
+        action="store_true",
+        help="quarantine a fault confined to some GPUs by tainting just those DRA devices "
+        "(DeviceTaintRules; docs/gpu-quarantine.md), not the node; the node's taint stands "
+        "in where that cannot be done",
+    )
+    parser.add_argument(
+        "--gpu-quarantine-driver",
+        default="gpu.nvidia.com",
+        metavar="DRIVER",
+        help="the DRA driver whose ResourceSlices publish the GPUs (default: %(default)s)",
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuguard import logs
@@ -46,6 +46,9 @@ class Quarantine:
         self._written: dict[str, int] = {}
         # Node -> what it showed when tainted here, until a pass has opened its episode.
         self._ahead: dict[str, str] = {}
+        # How a node is tainted, and how a pass sees it first (per-GPU quarantine's hooks).
+        self.taint_node: Callable[[KubeApi, Json], Json] = fleet.taint
+        self.pass_view: Callable[[NodeObservation], NodeObservation] = _as_is
 
     def offer(self, node: Json, observed: NodeObservation, now: float, *, episode: bool) -> bool:
         """Taint ``node`` (its slim cached form) now if ``observed`` must be quarantined and
@@ -83,6 +86,7 @@ class Quarantine:
         """``observed`` tainted if the taint written here has not shown on the watch yet
         (so a pass does not send it again), and, while ``episode`` is not open, with what
         it showed when tainted (so the pass opens one even if the fault has cleared)."""
+        observed = self.pass_view(observed)
         with self._lock:
             wrote, ahead = observed.name in self._written, self._ahead.get(observed.name, "")
         if wrote and not observed.tainted:
@@ -104,7 +108,7 @@ class Quarantine:
 
     def _taint(self, node: Json, name: str, why: str) -> None:
         def taint() -> None:
-            tainted = fleet.taint(self.writer, node)
+            tainted = self.taint_node(self.writer, node)
             with self._lock:
                 self._written[name] = _version(tainted)
                 self._ahead[name] = why
@@ -124,3 +128,7 @@ def _version(node: Json) -> int:
     """The Node's resourceVersion as a number (etcd's revision; 0 if not one)."""
     version = str((node.get("metadata") or {}).get("resourceVersion") or "")
     return int(version) if version.isdigit() else 0
+
+
+def _as_is(observed: NodeObservation) -> NodeObservation:
+    return observed
