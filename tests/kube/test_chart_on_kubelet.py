@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.contract.preflight import NOT_EQUIPPED, read_result
+from gpuguard.controller.pods import slim_pod
+from gpuguard.controller.preflight_pods import failures_of
 from gpuguard.kube.errors import KubeError
 from gpuguard.kube.rest import load_api
+from gpuguard.preflight.mutate import Settings, init_container
 from tests.support.audit import AuditLog
 from tests.support.chart_cluster import (
     NAMESPACE,
@@ -169,6 +174,51 @@ def _probed_pod(cluster: Cluster, component: str) -> dict[str, Any] | None:
     started = datetime.datetime.fromisoformat(status["state"]["running"]["startedAt"])
     age = datetime.datetime.now(datetime.UTC) - started
     return pod if age.total_seconds() >= PROBED_S else None
+
+
+def test_the_preflight_check_in_the_image_fails_closed_and_blames_no_node_without_pytorch(
+    installed: Cluster,
+) -> None:
+    """The init container the webhook adds (its own builder), run by the real kubelet from
+    the chart's image, which has no PyTorch: the check fails closed, the job's container
+    never starts, and the result the kubelet keeps says the image cannot check (its
+    fault, the same on every node), which the controller holds against no node."""
+    image = yaml.safe_load(installed.values.read_text())["image"]
+    settings = Settings(image=f"{image['repository']}:{image['tag']}", budget_s=5)
+    check = {**init_container({}, settings, gpus=0, claims=[]), "imagePullPolicy": "Never"}
+    pod = {
+        "metadata": {"name": "preflight-check", "namespace": NAMESPACE},
+        "spec": {
+            "serviceAccountName": RELEASE,
+            "automountServiceAccountToken": False,
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],  # the node is tainted by now
+            "initContainers": [check],
+            "containers": [{**check, "name": "job", "args": ["--version"]}],
+        },
+    }
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    installed.api.create(path, pod)
+    try:
+        failed = installed.wait(
+            lambda: (
+                (p := installed.api.get(f"{path}/preflight-check"))["status"].get("phase")
+                == "Failed"
+                and p
+            ),
+            "the pod failed by its preflight",
+        )
+        (ending,) = [s["state"]["terminated"] for s in failed["status"]["initContainerStatuses"]]
+        assert ending["exitCode"] == 2, ending
+        result = read_result(ending.get("message"))
+        assert result is not None and result.codes == (NOT_EQUIPPED,), ending
+        assert "PyTorch" in result.message and "preflight.image" in result.message
+        (job,) = failed["status"]["containerStatuses"]
+        assert "running" not in job["state"] and not job.get("started"), job
+        assert failures_of(slim_pod(failed), time.time()) == []
+    finally:
+        installed.api.delete(f"{path}/preflight-check")
 
 
 def test_helm_uninstall_runs_the_cleanup_and_leaves_the_node_clean(installed: Cluster) -> None:

@@ -28,11 +28,16 @@ from tests.support.controlplane import REPO, ControlPlane
 
 CHART = REPO / "deploy" / "helm" / "gpuguard"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "Secret")
+IMAGE = "registry.example/gpuguard-torch:1"  # the check needs PyTorch: an image of one's own
 
 Objects = list[dict[str, Any]]
 
 
 def render(helm: Callable[..., str], *values: str) -> Objects:
+    if "preflight.enabled=true" in values and not any(
+        v.startswith("preflight.image=") for v in values
+    ):
+        values = (*values, f"preflight.image={IMAGE}")
     settings = [arg for value in values for arg in ("--set", value)]
     out = helm("template", "gpuguard", str(CHART), "--namespace", "gpuguard", *settings)
     return [doc for doc in yaml.safe_load_all(out) if doc]
@@ -60,7 +65,9 @@ def test_off_by_default_renders_no_webhook(helm):
 
 
 def test_lint_passes_with_the_webhook_on(helm):
-    out = helm("lint", str(CHART), "--set", "preflight.enabled=true")
+    out = helm(
+        "lint", str(CHART), "--set", "preflight.enabled=true", "--set", f"preflight.image={IMAGE}"
+    )
     assert "1 chart(s) linted, 0 chart(s) failed" in out
 
 
@@ -71,7 +78,7 @@ def test_on_the_controller_serves_it_with_the_names_the_chart_made(helm):
     assert args.webhook_secret == "gpuguard-webhook-tls"
     assert args.webhook_config == "gpuguard-preflight"
     assert args.webhook_service == "gpuguard-controller-webhook"
-    assert args.preflight_image == container["image"]  # the chart's own image
+    assert args.preflight_image == IMAGE
     assert args.preflight_budget == 45
     assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
     named(objects, "Secret", args.webhook_secret)
@@ -145,7 +152,11 @@ def test_the_controller_may_keep_only_its_secret_and_configuration(helm):
     ("settings", "complaint"),
     [
         (("preflight.enabled=true", "controller.enabled=false"), "needs controller.enabled"),
-        (("preflight.enabled=true", "preflight.port=9466"), "must differ"),
+        (("preflight.enabled=true",), "needs preflight.image: an image of gpuguard with PyTorch"),
+        (
+            ("preflight.enabled=true", f"preflight.image={IMAGE}", "preflight.port=9466"),
+            "must differ",
+        ),
         (("preflight.timeoutSeconds=31",), "timeoutSeconds"),
         (("preflight.budgetSeconds=0",), "budgetSeconds"),
         (("preflight.colour=blue",), "colour"),
@@ -169,7 +180,14 @@ def chart_objects(api: KubeApi, helm: Callable[..., str]) -> Iterator[tuple[str,
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": release}},
     )
-    settings = ("--set", "preflight.enabled=true", "--namespace", release)
+    settings = (
+        "--set",
+        "preflight.enabled=true",
+        "--set",
+        f"preflight.image={IMAGE}",
+        "--namespace",
+        release,
+    )
     out = helm("template", release, str(CHART), *settings)
     ours = ("-webhook", "-webhook-tls", "-preflight")  # preflight-webhook.yaml's names
     objects = [

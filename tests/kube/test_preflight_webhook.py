@@ -76,7 +76,8 @@ def _configuration(helm: Callable[..., str], name: str, port: int, label: str) -
     """The chart's configuration (rules, selectors, matchConditions, fail open, no
     caBundle) under a name of this module's, addressed by URL on loopback, and sent only
     pods of namespaces that also carry this module's label."""
-    rendered = helm("template", "gpuguard", str(CHART), "--set", "preflight.enabled=true")
+    settings = ("--set", "preflight.enabled=true", "--set", "preflight.image=gpuguard-torch:1")
+    rendered = helm("template", "gpuguard", str(CHART), *settings)
     kind = "MutatingWebhookConfiguration"
     (config,) = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == kind]
     config["metadata"] = {"name": name}

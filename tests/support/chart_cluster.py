@@ -50,8 +50,6 @@ PROBES = {
 START_S = 120  # pod start: the image is local, but 2 cores start Python slowly
 # Only the taint for now: the XID 79 waits an hour before any rung.
 PATIENT_POLICY = {"tolerance_s": 3600, "tolerances": {"XID_79": 3600, "GPU_FALLEN_OFF_BUS": 3600}}
-# Only the taint for now: the XID 79 waits an hour before any rung.
-PATIENT_POLICY = {"tolerance_s": 3600, "tolerances": {"XID_79": 3600, "GPU_FALLEN_OFF_BUS": 3600}}
 
 
 @dataclass

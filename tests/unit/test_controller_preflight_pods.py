@@ -14,6 +14,7 @@ from gpuguard.contract.preflight import (
     INIT_CONTAINER,
     MESSAGE_LIMIT,
     NAMESPACE_LABEL,
+    NOT_EQUIPPED,
     PASSED,
     PREFLIGHT_FAILED,
     SKIP,
@@ -94,6 +95,14 @@ def test_no_result_and_a_passed_result_with_a_failed_exit_are_failures_all_the_s
     ):
         (read,) = failures_of(slim_pod(pod(status=ended(1, message, waiting=True))), 0.0)
         assert read.result == kind and read.failure.codes == (PREFLIGHT_FAILED,)
+
+
+def test_an_image_that_cannot_check_is_no_verdict_on_the_node():
+    """Without PyTorch in the image every node fails alike: the pod fails, no node does."""
+    result = PreflightResult(FAILED, codes=(NOT_EQUIPPED,), message="PyTorch is not installed")
+    assert failures_of(slim_pod(pod(status=ended(2, result.encode()))), 0.0) == []
+    found = PreflightResult(FAILED, codes=(NOT_EQUIPPED, "DEEP_MATMUL_SLOW"))
+    assert failures_of(slim_pod(pod(status=ended(1, found.encode()))), 0.0)
 
 
 def test_a_check_ended_by_its_pods_deletion_or_eviction_is_no_verdict():

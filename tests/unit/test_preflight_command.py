@@ -19,7 +19,8 @@ from gpuguard.checks.load.faults import CorruptingBackend
 from gpuguard.checks.load.nic_loopback import DeepNetworkCheck
 from gpuguard.checks.load.numpy_backend import NumpyBackend
 from gpuguard.cli import build_parser, main
-from gpuguard.contract.preflight import FAILED, PASSED, read_result
+from gpuguard.contract.preflight import FAILED, NOT_EQUIPPED, PASSED, read_result
+from gpuguard.errors import ToolMissing
 from gpuguard.model import Action, Finding, Layer, Severity, gpu
 from gpuguard.preflight.command import run_preflight
 from tests.unit.test_load_checks import MODEL, healthy_speeds
@@ -91,6 +92,23 @@ def test_no_gpu_seen_is_a_failure_without_a_verdict(tmp_path, config):
     code, result = preflight(tmp_path, config, simulated(NumpyBackend(0, MODEL, healthy_speeds())))
     assert code == 2
     assert result.status == FAILED and result.codes == ("NOT_APPLICABLE",)
+
+
+class TorchlessCheck:
+    """The GPU check as an image without PyTorch runs it."""
+
+    name: ClassVar[str] = "deep-gpu"
+    layer: ClassVar[Layer] = Layer.GPU
+
+    def run(self, ctx: CheckContext) -> list[Finding]:
+        raise ToolMissing("PyTorch is not installed (pip install 'gpuguard[torch]')")
+
+
+def test_an_image_without_pytorch_fails_as_not_equipped(tmp_path, config):
+    code, result = preflight(tmp_path, config, [TorchlessCheck(), DeepNetworkCheck()])
+    assert code == 2
+    assert result.status == FAILED and result.codes == (NOT_EQUIPPED,), result
+    assert "PyTorch is not installed" in result.message and "preflight.image" in result.message
 
 
 def test_an_unwritable_termination_log_is_one_clear_line(tmp_path, config, capsys):

@@ -67,6 +67,7 @@ def test_a_gpu_pod_gets_the_check_as_its_only_init_container():
     assert path == "/spec/initContainers"
     assert container["name"] == INIT_CONTAINER
     assert container["image"] == "registry.example/gpuguard:1.2"
+    assert container["command"] == ["gpuguard"]  # the image has no entrypoint
     assert container["args"] == ["preflight", "--budget", "45"]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"

@@ -29,6 +29,10 @@ PREFLIGHT_LAYER = "preflight"
 # killed before writing one), or whose result names no code: a failure all the same.
 PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
 
+# The check could not run because its image lacks what it needs (PyTorch): a fault of the
+# setup, the same on every node, so the pod fails but no node is quarantined for it.
+NOT_EQUIPPED = "PREFLIGHT_NOT_EQUIPPED"
+
 PASSED = "Passed"
 FAILED = "Failed"
 MESSAGE_LIMIT = 4096  # the kubelet's limit on a container's termination message

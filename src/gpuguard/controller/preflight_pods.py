@@ -18,6 +18,7 @@ from gpuguard.contract.preflight import (
     INIT_CONTAINER,
     MESSAGE_LIMIT,
     NAMESPACE_LABEL,
+    NOT_EQUIPPED,
     PREFLIGHT_FAILED,
     SKIP,
     SKIP_LABEL,
@@ -88,7 +89,8 @@ class Read:
 def failures_of(pod: Json, seen_at: float) -> list[Read]:
     """The failures a slim pod's endings tell of: on the pod's node, or on each node a
     gang result names slow. No readable result is a failure all the same (fail closed);
-    a check ended by its pod's deletion or eviction is no verdict on the node."""
+    a check ended by its pod's deletion or eviction, or run from an image without what it
+    needs (``NOT_EQUIPPED``), is no verdict on the node."""
     metadata, node = pod["metadata"], str(pod["spec"].get("nodeName") or "")
     if metadata.get("deletionTimestamp") or condition_true(pod, DISRUPTION_TARGET):
         return []
@@ -100,6 +102,8 @@ def failures_of(pod: Json, seen_at: float) -> list[Read]:
         at = seen_at if ended is None else ended
         key = f"{metadata.get('uid', '')}@{finished or at}"
         result = read_result(ending.get("message"))
+        if result is not None and set(result.codes) == {NOT_EQUIPPED}:
+            continue  # the image cannot check anything, on any node: the pod says so
         kind = "none" if result is None else ("failed" if result.status == FAILED else "passed")
         codes = (result.codes if result is not None else ()) or (PREFLIGHT_FAILED,)
         gpus = result.gpus if result is not None else ()

@@ -19,7 +19,7 @@ from pathlib import Path
 from gpuguard.checks.base import Check
 from gpuguard.checks.gang.series import GangSettings, Hook
 from gpuguard.config import Config, load_config
-from gpuguard.contract.preflight import FAILED, PreflightResult
+from gpuguard.contract.preflight import FAILED, NOT_EQUIPPED, PreflightResult
 from gpuguard.model import CHECK_TIMED_OUT, OUTCOME_CODES
 from gpuguard.preflight.verdict import local_result, with_gang
 from gpuguard.runner import GRACE_S, run_all
@@ -170,7 +170,7 @@ class _Reporter:
         print(text if self._json else _summary(result), flush=True)
         if not result.failed:
             return EXIT_PASSED
-        no_verdict = set(OUTCOME_CODES.values())
+        no_verdict = {*OUTCOME_CODES.values(), NOT_EQUIPPED}
         return EXIT_NO_VERDICT if set(result.codes) <= no_verdict else EXIT_FAILED
 
 

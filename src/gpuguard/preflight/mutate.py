@@ -120,6 +120,7 @@ def init_container(
     if claims:
         resources["claims"] = claims
     container.update(
+        command=["gpuguard"],  # the image has no entrypoint: the chart names it too
         args=args,
         env=env,
         resources=resources,

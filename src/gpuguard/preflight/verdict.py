@@ -2,10 +2,12 @@
 check's results judged fail closed, then the gang check's verdict for this member.
 
 A finding that takes a layer out of service (critical, or a deferred repair such as a slow
-GPU) fails the preflight; so does a check that gave no verdict (hung, crashed, no GPU seen
-or no PyTorch: the pod asked for GPUs). A warning alone (Degraded) passes, with its codes
-listed: a preflight that blocked every start on a mere degradation would stall jobs on
-nodes the policy keeps in service. The adapters' loopback check may find nothing to test
+GPU) fails the preflight; so does a check that gave no verdict (hung, crashed, no GPU
+seen: the pod asked for GPUs). An image without PyTorch fails it too, as ``NOT_EQUIPPED``:
+the setup's fault, which the controller never holds against the node. A warning alone
+(Degraded) passes, with its codes listed: a preflight that blocked every start on a mere
+degradation would stall jobs on nodes the policy keeps in service. The adapters'
+loopback check may find nothing to test
 (no RDMA port, no perftest): that is a note, not a failure.
 """
 
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from gpuguard.checks.gang.rendezvous import GangSpec
 from gpuguard.checks.gang.series import GangOutcome
 from gpuguard.contract.gpu_ids import normal_gpu_id
-from gpuguard.contract.preflight import FAILED, PASSED, PreflightResult
+from gpuguard.contract.preflight import FAILED, NOT_EQUIPPED, PASSED, PreflightResult
 from gpuguard.model import CheckResult, Finding, Outcome, Severity
 
 # Checks whose "nothing here to test" is a fact about the node, not a missing verdict.
@@ -31,10 +33,13 @@ def local_result(results: Sequence[CheckResult]) -> PreflightResult:
     blocking: list[Finding] = []
     warnings: list[Finding] = []
     notes: list[str] = []
+    missing: list[str] = []
     for result in results:
         if result.outcome is not Outcome.OK:
             if result.check in OPTIONAL_CHECKS and result.outcome in _QUIET:
                 notes.append(result.detail)
+            elif result.outcome is Outcome.TOOL_MISSING:
+                missing.append(result.detail)
             else:
                 blocking.extend(result.findings)
             continue
@@ -50,6 +55,9 @@ def local_result(results: Sequence[CheckResult]) -> PreflightResult:
     )
     if blocking:
         return PreflightResult(FAILED, codes, gpus, message=_messages(blocking))
+    if missing:  # nothing was measured: the image's fault, not the node's
+        message = "; ".join(missing) + " (preflight.image must carry it: docs/preflight.md)"
+        return PreflightResult(FAILED, (NOT_EQUIPPED,), message=message)
     if warnings:
         return PreflightResult(
             PASSED, codes, gpus, message="load check passed with warnings: " + _messages(warnings)
