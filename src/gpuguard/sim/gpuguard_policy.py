@@ -31,8 +31,10 @@ from gpuguard.sim.attribution import JobAttribution
 from gpuguard.sim.deep_suite import DeepSuite
 from gpuguard.sim.engine import Engine, Slot
 from gpuguard.sim.faults import GPU_BUS, Fault
+from gpuguard.sim.gpu_quarantine import GpuQuarantine
 from gpuguard.sim.in_job import InJobPath
 from gpuguard.sim.jobs import Job
+from gpuguard.sim.preflight import PreflightGate
 
 K = DecisionKind
 _GPU_INDEX = {f"0000:{bus}:00.0": index for index, bus in enumerate(GPU_BUS)}
@@ -74,6 +76,10 @@ class GpuguardPolicy:
         passed = self.in_job.contradicted if self.in_job is not None else None
         self.deep = DeepSuite(engine, self.signals_changed, passed)
         self.attribution = JobAttribution(engine, self.policy, self._suspected)
+        per_gpu = engine.scenario.gpu_quarantine.enabled
+        self.gpus = GpuQuarantine(engine, self.action_done) if per_gpu else None
+        if engine.scenario.preflight.enabled:
+            PreflightGate(engine, self.signals_changed).attach()
 
     # -- the jobs' interruptions ------------------------------------------------------
 
@@ -104,6 +110,8 @@ class GpuguardPolicy:
         self.reported[slot.index] = now
         if not verdict.healthy:
             engine.detected(slot)
+        if self.gpus is not None:
+            self.gpus.follow(slot)
         if changed or slot.name in self.reconciler.attention:
             self._mark(slot)
             self._decide_at(now)
@@ -205,7 +213,7 @@ class GpuguardPolicy:
             slot.name,
             self.layers[index],
             self.reported.get(index),
-            slot.tainted,
+            slot.tainted or bool(slot.gpus_out),  # a device taint is the reconciler's too
             slot.cordoned,
             index in self.ours,
             moving,
@@ -258,6 +266,8 @@ class GpuguardPolicy:
             if slot.name != decision.node or slot.machine is None:
                 continue
             kind = decision.kind
+            if self.gpus is not None and self.gpus.apply(kind, slot):
+                continue
             episode = plan.episodes.get(decision.node)
             opened = episode.opened_at if episode is not None else now
             if kind is K.TAINT or kind is K.UNTAINT:
@@ -287,7 +297,7 @@ class GpuguardPolicy:
                 if self._first(decision.node, opened, what, decision.attempt) and not slot.down:
                     self._count_false_drain(slot, opened)
                     gpus = tuple(_GPU_INDEX[g] for g in decision.gpus if g in _GPU_INDEX)
-                    engine.repair(slot, what, gpus=gpus)
+                    self._repair(slot, what, gpus)
             elif kind is K.REQUEST_VERIFY and decision.request is not None:
                 self.deep.request_verify(slot, decision.request)
             elif kind is K.CLEAR_VERIFY:
@@ -298,6 +308,12 @@ class GpuguardPolicy:
                 self._count_false_drain(slot, opened)
                 self.attribution.forget(slot.name)
                 engine.replace(slot)
+
+    def _repair(self, slot: Slot, what: str, gpus: tuple[int, ...]) -> None:
+        if self.gpus is not None:
+            self.gpus.repair(slot, what, gpus)
+        else:
+            self.engine.repair(slot, what, gpus=gpus)
 
     def _first(self, node: str, opened: float, what: str, attempt: int) -> bool:
         key = (node, opened, what, attempt)

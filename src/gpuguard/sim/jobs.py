@@ -14,7 +14,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from gpuguard.sim.faults import DAY, HOUR
+from gpuguard.sim.faults import DAY, GPUS_PER_NODE, HOUR
 from gpuguard.sim.scenario import Jobs, JobSize, Scenario
 
 
@@ -53,6 +53,7 @@ class Job:
     nodes: int
     work_h: float
     arrival: float
+    gpus: int = GPUS_PER_NODE  # GPUs it asks for on each node (fewer: a sub-node job)
     state: JobState = JobState.QUEUED
     slots: list[int] = field(default_factory=list)
     saved_h: float = 0.0  # progress at the last checkpoint (what survives an interruption)
@@ -194,7 +195,19 @@ def generate_jobs(scenario: Scenario, rng: np.random.Generator) -> list[Job]:
         if t >= horizon:
             break
         new_job(t, arrival_cdf)
+    _sub_node(jobs, jobs_config.sub_node_share, scenario.seed)
     return jobs
+
+
+def _sub_node(jobs: list[Job], share: float, seed: int) -> None:
+    """Some 1-node jobs ask for 1-7 GPUs, drawn apart so the rest of the workload is the
+    same with or without them."""
+    if share <= 0:
+        return
+    rng = np.random.default_rng([seed, 3])
+    for job in jobs:
+        if job.nodes == 1 and rng.random() < share:
+            job.gpus = int(rng.integers(1, GPUS_PER_NODE))
 
 
 def _cdf(probabilities: np.ndarray) -> list[float]:

@@ -1,0 +1,161 @@
+"""Per-GPU quarantine in the gpuguard run: a GPU-local fault's GPU out alone.
+
+With ``gpu_quarantine.enabled`` the reconciler's taint of a node whose faults all lie on
+its GPUs (``Fault.gpu_local``: the finding names a GPU) becomes a device taint on those
+GPUs: the node keeps serving jobs that fit its other GPUs (``gpu_slots``). Its job is
+stopped only if it was running on them, and a reset of those GPUs leaves the node and its
+other job alone. As the controller's ladder does, the quarantine goes to the node when a
+node-wide fault shows, or when the ladder climbs past the GPU reset (a reboot, a drain of
+the node, a replacement): the device taint did not help.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from gpuguard.remediation.model import DecisionKind
+from gpuguard.sim.engine import Engine
+from gpuguard.sim.faults import Effect, Fault, Fix, Locus
+from gpuguard.sim.slot import Slot
+
+
+def _counts(fault: Fault) -> bool:
+    """A fault of the machine that the agent reports (a job's own, a benign line: not)."""
+    return (
+        fault.locus is not Locus.JOB
+        and fault.cls != "benign"
+        and (fault.disables or fault.effect is Effect.SLOW)
+    )
+
+
+def gpu_scope(slot: Slot) -> set[int] | None:
+    """The GPUs the node's faults lie on, when every one is GPU-local (None: node-wide,
+    or nothing of the machine is wrong, as with a false finding)."""
+    gpus = set()
+    for fault in slot.faults.values():
+        if not _counts(fault):
+            continue
+        if not fault.gpu_local:
+            return None
+        gpus.add(fault.gpu)
+    return gpus or None
+
+
+class GpuQuarantine:
+    """The device taints of one run: taken, widened, escalated, lifted."""
+
+    def __init__(self, engine: Engine, done: Callable[[Slot, str, bool], None]) -> None:
+        self.engine = engine
+        self.done = done  # the policy's answer to a finished action
+        self.rng = np.random.default_rng([engine.scenario.seed, 7])
+
+    @staticmethod
+    def holds(slot: Slot) -> bool:
+        """The node is under a device taint alone (no node taint)."""
+        return bool(slot.gpus_out) and not slot.tainted
+
+    def taint(self, slot: Slot) -> bool:
+        """The reconciler's taint as a device taint when the faults are GPU-local (True);
+        False: the node's taint is for the caller to set."""
+        scope = gpu_scope(slot)
+        if scope is None or slot.tainted:
+            return False
+        self._take_out(slot, scope)
+        return True
+
+    def _take_out(self, slot: Slot, gpus: set[int]) -> None:
+        new = gpus - slot.gpus_out
+        if not new:
+            return
+        if not slot.gpus_out:
+            slot.gpus_out_since = self.engine.now
+        slot.gpus_out |= new
+        self.engine.stats.gpus_quarantined += len(new)
+        self.engine.fleet.refresh(slot)
+
+    def follow(self, slot: Slot) -> None:
+        """A report changed: a fault on another GPU takes it out too; a node-wide one
+        takes the node."""
+        if not self.holds(slot):
+            return
+        if any(_counts(f) and not f.gpu_local for f in slot.faults.values()):
+            self.escalate(slot)
+            return
+        scope = gpu_scope(slot)
+        if scope is not None:
+            self._take_out(slot, scope)
+
+    def escalate(self, slot: Slot) -> None:
+        """The node's taint replaces the device taint."""
+        if not self.holds(slot):
+            return
+        self.engine.stats.gpu_escalations += 1
+        slot.gpus_out.clear()
+        self.engine.set_flags(slot, tainted=True)
+
+    def lift(self, slot: Slot) -> None:
+        slot.gpus_out.clear()
+        self.engine.set_flags(slot, tainted=False)
+
+    def apply(self, kind: DecisionKind, slot: Slot) -> bool:
+        """The reconciler's decision as the device taint carries it out (True: done);
+        False: the caller carries it out on the node, escalated first where it must be."""
+        if kind is DecisionKind.TAINT:
+            return self.taint(slot)
+        if kind is DecisionKind.UNTAINT and slot.gpus_out:
+            self.lift(slot)
+            return True
+        if kind is DecisionKind.KILL_PODS or kind is DecisionKind.EVICT_PODS:
+            return self.spares_job(slot)  # nothing of the job's on those GPUs
+        if kind is DecisionKind.CORDON or kind is DecisionKind.REPLACE:
+            self.escalate(slot)
+        return False
+
+    def repair(self, slot: Slot, what: str, gpus: tuple[int, ...]) -> None:
+        """The ladder's reset of the GPUs out alone keeps the node; anything more holds
+        the node: the quarantine goes to it first."""
+        if what == "reset" and self.reset(slot, gpus):
+            return
+        self.escalate(slot)
+        self.engine.repair(slot, what, gpus=gpus)
+
+    def spares_job(self, slot: Slot) -> bool:
+        """Under a device taint alone, the node's job runs on other GPUs (placed after
+        they went out): a kill or a drain of the GPUs' pods leaves it."""
+        job = slot.job
+        return self.holds(slot) and job is not None and job.placed_at >= slot.gpus_out_since
+
+    def reset(self, slot: Slot, gpus: tuple[int, ...]) -> bool:
+        """A reset of GPUs under a device taint alone: the node stays in service for the
+        rest (True). False: not such a reset; the caller holds the node for it."""
+        if not self.holds(slot) or not gpus or not set(gpus) <= slot.gpus_out:
+            return False
+        engine = self.engine
+        engine.stats.actions["reset"] += 1
+        if not self.spares_job(slot):
+            engine.interrupt_job(slot, cause="platform")
+        duration = engine.scenario.actions.gpu_reset_s
+        engine.at(engine.now + duration, self._reset_done, slot, slot.machine, gpus)
+        return True
+
+    def _reset_done(self, slot: Slot, machine: int | None, gpus: tuple[int, ...]) -> None:
+        if slot.machine != machine:
+            return
+        engine = self.engine
+        failed = self.rng.random() < engine.scenario.actions.failure_probability
+        if not failed:
+            cleared = [
+                f
+                for f in slot.faults.values()
+                if f.fix <= Fix.RESET and not f.stays_with_slot and f.gpu in gpus
+            ]
+            ids = {f.id for f in cleared}
+            slot.kernel = [k for k in slot.kernel if k[0] not in ids]
+            slot.deep = ()
+            engine.stats.removed(cleared, engine.now)
+            engine.fault_process.remove(slot, cleared)
+        engine.fault_process.show_again(slot)
+        engine.fleet.refresh(slot)
+        self.done(slot, "reset", not failed)
