@@ -139,6 +139,7 @@ class Workload:
     nodes: np.ndarray
     work_h: np.ndarray
     arrival: np.ndarray
+    gpus: np.ndarray
 
     @classmethod
     def of(cls, jobs: list[Job]) -> Workload:
@@ -146,14 +147,21 @@ class Workload:
             np.array([job.nodes for job in jobs], dtype=np.int64),
             np.array([job.work_h for job in jobs], dtype=np.float64),
             np.array([job.arrival for job in jobs], dtype=np.float64),
+            np.array([job.gpus for job in jobs], dtype=np.int64),
         )
 
     def jobs(self) -> list[Job]:
         """The jobs, unstarted, in arrival order (ids as generated)."""
-        columns = zip(self.nodes.tolist(), self.work_h.tolist(), self.arrival.tolist(), strict=True)
+        columns = zip(
+            self.nodes.tolist(),
+            self.work_h.tolist(),
+            self.arrival.tolist(),
+            self.gpus.tolist(),
+            strict=True,
+        )
         return [
-            Job(id=i, nodes=nodes, work_h=work, arrival=at)
-            for i, (nodes, work, at) in enumerate(columns)
+            Job(id=i, nodes=nodes, work_h=work, arrival=at, gpus=gpus)
+            for i, (nodes, work, at, gpus) in enumerate(columns)
         ]
 
 
