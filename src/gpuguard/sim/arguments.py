@@ -67,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " overhead, in-job false verdicts and adoption, fabric blast radius, fault rate, fleet"
         " age) over the same seeds, on every core",
     )
+    _gpu_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--html", type=Path, metavar="PATH", help="write the HTML report here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _gpu_arguments(parser: argparse.ArgumentParser) -> None:
+    """Per-GPU quarantine and the preflight gate (docs/simulator.md)."""
     parser.add_argument(
         "--per-gpu-quarantine",
         action="store_true",
@@ -98,6 +106,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run gpuguard with per-GPU quarantine, and with the preflight gate, side by side",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--html", type=Path, metavar="PATH", help="write the HTML report here")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
