@@ -11,7 +11,8 @@ from gpuguard.sim.engine import Engine
 from gpuguard.sim.faults import Effect, Fault, Fix, Signal
 from gpuguard.sim.gpu_slots import fits, gpus_in_service, pick_partial
 from gpuguard.sim.gpuguard_policy import GpuguardPolicy
-from gpuguard.sim.jobs import Job
+from gpuguard.sim.jobs import Job, JobState
+from gpuguard.sim.policies import NoPolicy
 from gpuguard.sim.run import simulate
 from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
 from gpuguard.sim.slot import Slot
@@ -32,6 +33,22 @@ def test_a_node_with_one_gpu_out_serves_a_7_gpu_job_but_not_an_8_gpu_one():
     slot.faults = {0: _fault("nic", 3)}  # a node-wide fault: none of its GPUs serve
     assert gpus_in_service(slot, schedulable=True, up=False) == 0
     assert gpus_in_service(slot, schedulable=False, up=False) == 0
+
+
+def test_the_scheduler_places_a_7_gpu_job_on_a_node_with_one_gpu_out_and_not_an_8_gpu_one():
+    scenario = _one_node().with_section("preflight", enabled=False)
+    whole = Job(id=0, nodes=1, work_h=100.0, arrival=10.0)
+    seven = Job(id=1, nodes=1, work_h=100.0, arrival=20.0, gpus=7)
+    engine = Engine(scenario, [], [whole, seven], NoPolicy(), AgentView(), seed=1)
+    slot = engine.slots[0]
+    slot.gpus_out = {3}  # a device taint on GPU 3 from the start
+    engine.fleet.refresh(slot)
+    engine.run()
+    assert seven.state is JobState.RUNNING and seven.slots == [0]
+    assert whole.state is JobState.QUEUED
+    # The node took no whole-node job all day; 7 of its 8 GPUs served all day.
+    assert engine.slot_share.share == 0.0
+    assert engine.books.gpu_share.share == pytest.approx(7 / 8)
 
 
 def test_gpu_slot_availability_is_gpu_seconds_in_service_over_all():
@@ -75,13 +92,18 @@ def test_per_gpu_quarantine_raises_gpu_slot_availability_on_every_seed():
 
 
 def test_node_wide_faults_still_take_the_node():
+    # Adapters failing, and no false finding naming a GPU (a deep run's, a job's).
     node_wide = {"nic": {"rate": 20.0, "fix": {"reboot": 1.0}}}
-    off = simulate(_scenario(node_wide), policies=("gpuguard",)).results["gpuguard"]
-    on_scenario = _scenario(node_wide, gpu_quarantine={"enabled": True})
+    quiet = {
+        "deep_checks": {"false_positive_probability": 0.0},
+        "in_job": {"false_verdicts_per_node_day": 0.0},
+    }
+    off = simulate(_scenario(node_wide, **quiet), policies=("gpuguard",)).results["gpuguard"]
+    on_scenario = _scenario(node_wide, gpu_quarantine={"enabled": True}, **quiet)
     on = simulate(on_scenario, policies=("gpuguard",)).results["gpuguard"]
     assert on.gpu is not None and on.gpu.gpus_quarantined == 0
     assert on.gpu_slot_availability == off.gpu_slot_availability
-    assert on.slot_availability == off.slot_availability
+    assert on.slot_availability == off.slot_availability < 1.0
 
 
 def _one_node(**preflight: object) -> Scenario:

@@ -1,46 +1,44 @@
 """Per-GPU quarantine in the gpuguard run: a GPU-local fault's GPU out alone.
 
-With ``gpu_quarantine.enabled`` the reconciler's taint of a node whose faults all lie on
-its GPUs (``Fault.gpu_local``: the finding names a GPU) becomes a device taint on those
-GPUs: the node keeps serving jobs that fit its other GPUs (``gpu_slots``). Its job is
-stopped only if it was running on them, and a reset of those GPUs leaves the node and its
-other job alone. As the controller's ladder does, the quarantine goes to the node when a
-node-wide fault shows, or when the ladder climbs past the GPU reset (a reboot, a drain of
-the node, a replacement): the device taint did not help.
+With ``gpu_quarantine.enabled`` the reconciler's taint of a node whose findings (the
+agent's report, as the controller reads it) are all the GPU layer's and name GPUs becomes
+a device taint on those GPUs: the node keeps serving jobs that fit its other GPUs
+(``gpu_slots``). Its job is stopped only if it was running on them, and a reset of those
+GPUs leaves the node and a job on its other GPUs alone. The quarantine goes to the node
+when a finding of the node shows, or when the ladder climbs past the GPU reset (a reboot,
+a cordon, a replacement): the device taint did not help. Whether the node's other GPUs
+really are fine is the fault's (``Fault.gpu_local``), not the finding's: the accounting
+and the jobs on the other GPUs go by that.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from gpuguard.contract.report import LayerReport
+from gpuguard.model import Action, Layer
 from gpuguard.remediation.model import DecisionKind
 from gpuguard.sim.engine import Engine
-from gpuguard.sim.faults import Effect, Fault, Fix, Locus
+from gpuguard.sim.faults import GPU_BUS, Fix
 from gpuguard.sim.slot import Slot
 
-
-def _counts(fault: Fault) -> bool:
-    """A fault of the machine that the agent reports (a job's own, a benign line: not)."""
-    return (
-        fault.locus is not Locus.JOB
-        and fault.cls != "benign"
-        and (fault.disables or fault.effect is Effect.SLOW)
-    )
+GPU_INDEX = {f"0000:{bus}:00.0": index for index, bus in enumerate(GPU_BUS)}
 
 
-def gpu_scope(slot: Slot) -> set[int] | None:
-    """The GPUs the node's faults lie on, when every one is GPU-local (None: node-wide,
-    or nothing of the machine is wrong, as with a false finding)."""
-    gpus = set()
-    for fault in slot.faults.values():
-        if not _counts(fault):
+def reported_gpus(layers: Mapping[str, LayerReport]) -> set[int] | None:
+    """The GPUs the node's findings name, when every finding is the GPU layer's and names
+    GPUs (empty: nothing wrong reported); None: a finding of the node (another layer, a
+    GPU-layer finding naming none, the agent silent)."""
+    gpus: set[int] = set()
+    for name, layer in layers.items():
+        if layer.status == "True" and layer.action is Action.NONE:
             continue
-        if not fault.gpu_local:
+        if name != Layer.GPU or not layer.gpus:
             return None
-        gpus.add(fault.gpu)
-    return gpus or None
+        gpus |= {GPU_INDEX[bus] for bus in layer.gpus if bus in GPU_INDEX}
+    return gpus
 
 
 class GpuQuarantine:
@@ -56,11 +54,11 @@ class GpuQuarantine:
         """The node is under a device taint alone (no node taint)."""
         return bool(slot.gpus_out) and not slot.tainted
 
-    def taint(self, slot: Slot) -> bool:
-        """The reconciler's taint as a device taint when the faults are GPU-local (True);
-        False: the node's taint is for the caller to set."""
-        scope = gpu_scope(slot)
-        if scope is None or slot.tainted:
+    def taint(self, slot: Slot, layers: Mapping[str, LayerReport]) -> bool:
+        """The reconciler's taint as a device taint when the findings name GPUs alone
+        (True); False: the node's taint is for the caller to set."""
+        scope = reported_gpus(layers)
+        if not scope or slot.tainted:
             return False
         self._take_out(slot, scope)
         return True
@@ -75,16 +73,15 @@ class GpuQuarantine:
         self.engine.stats.gpus_quarantined += len(new)
         self.engine.fleet.refresh(slot)
 
-    def follow(self, slot: Slot) -> None:
-        """A report changed: a fault on another GPU takes it out too; a node-wide one
-        takes the node."""
+    def follow(self, slot: Slot, layers: Mapping[str, LayerReport]) -> None:
+        """A report changed: a finding on another GPU takes it out too; a finding of the
+        node takes the node."""
         if not self.holds(slot):
             return
-        if any(_counts(f) and not f.gpu_local for f in slot.faults.values()):
+        scope = reported_gpus(layers)
+        if scope is None:
             self.escalate(slot)
-            return
-        scope = gpu_scope(slot)
-        if scope is not None:
+        else:
             self._take_out(slot, scope)
 
     def escalate(self, slot: Slot) -> None:
@@ -99,11 +96,11 @@ class GpuQuarantine:
         slot.gpus_out.clear()
         self.engine.set_flags(slot, tainted=False)
 
-    def apply(self, kind: DecisionKind, slot: Slot) -> bool:
+    def apply(self, kind: DecisionKind, slot: Slot, layers: Mapping[str, LayerReport]) -> bool:
         """The reconciler's decision as the device taint carries it out (True: done);
         False: the caller carries it out on the node, escalated first where it must be."""
         if kind is DecisionKind.TAINT:
-            return self.taint(slot)
+            return self.taint(slot, layers)
         if kind is DecisionKind.UNTAINT and slot.gpus_out:
             self.lift(slot)
             return True
