@@ -80,7 +80,7 @@ METRICS: dict[str, Callable[[PolicyResult], float | None]] = {
     "gpu_slot_availability": lambda r: r.gpu_slot_availability,
     "job_success_rate": lambda r: r.job_success_rate,
     "job_success_by_gpu_hours": lambda r: r.job_success_by_gpu_hours,
-    **{f"job_success_{label}_gpus": _size(label) for _, label in SIZE_CLASSES[1:]},
+    **{f"job_success_{label}_gpus": _size(label) for _, label in SIZE_CLASSES},
     "ettr": lambda r: r.ettr,
     "effective_training_time": lambda r: r.effective,
     "effective_training_time_failed_work_lost": lambda r: r.effective_failed_lost,
