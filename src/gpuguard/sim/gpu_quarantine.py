@@ -1,8 +1,9 @@
 """Per-GPU quarantine in the gpuguard run: a GPU-local fault's GPU out alone.
 
 With ``gpu_quarantine.enabled`` the reconciler's taint of a node whose findings (the
-agent's report, as the controller reads it) are all the GPU layer's and name GPUs becomes
-a device taint on those GPUs: the node keeps serving jobs that fit its other GPUs
+agent's report, as the controller reads it) are all the GPU layer's, name GPUs and
+recommend no more than a GPU reset (``gpu_quarantine.up_to``) becomes a device taint on
+those GPUs: the node keeps serving jobs that fit its other GPUs
 (``gpu_slots``). Its job is stopped only if it was running on them, and a reset of those
 GPUs leaves the node and a job on its other GPUs alone. The quarantine goes to the node
 when a finding of the node shows, or when the ladder climbs past the GPU reset (a reboot,
@@ -27,15 +28,18 @@ from gpuguard.sim.slot import Slot
 GPU_INDEX = {f"0000:{bus}:00.0": index for index, bus in enumerate(GPU_BUS)}
 
 
-def reported_gpus(layers: Mapping[str, LayerReport]) -> set[int] | None:
-    """The GPUs the node's findings name, when every finding is the GPU layer's and names
-    GPUs (empty: nothing wrong reported); None: a finding of the node (another layer, a
-    GPU-layer finding naming none, the agent silent)."""
+def reported_gpus(
+    layers: Mapping[str, LayerReport], up_to: Action = Action.RESET_GPU
+) -> set[int] | None:
+    """The GPUs the node's findings name, when every finding is the GPU layer's, names
+    GPUs and recommends no rung above ``up_to`` (empty: nothing wrong reported); None: a
+    finding of the node (another layer, a GPU-layer finding naming none or recommending
+    more, the agent silent)."""
     gpus: set[int] = set()
     for name, layer in layers.items():
         if layer.status == "True" and layer.action is Action.NONE:
             continue
-        if name != Layer.GPU or not layer.gpus:
+        if name != Layer.GPU or not layer.gpus or layer.action > up_to:
             return None
         gpus |= {GPU_INDEX[bus] for bus in layer.gpus if bus in GPU_INDEX}
     return gpus
@@ -48,6 +52,8 @@ class GpuQuarantine:
         self.engine = engine
         self.done = done  # the policy's answer to a finished action
         self.rng = np.random.default_rng([engine.scenario.seed, 7])
+        up_to = engine.scenario.gpu_quarantine.up_to
+        self.up_to = Action.REPLACE if up_to == "replace" else Action.RESET_GPU
 
     @staticmethod
     def holds(slot: Slot) -> bool:
@@ -57,7 +63,7 @@ class GpuQuarantine:
     def taint(self, slot: Slot, layers: Mapping[str, LayerReport]) -> bool:
         """The reconciler's taint as a device taint when the findings name GPUs alone
         (True); False: the node's taint is for the caller to set."""
-        scope = reported_gpus(layers)
+        scope = reported_gpus(layers, self.up_to)
         if not scope or slot.tainted:
             return False
         self._take_out(slot, scope)
@@ -78,7 +84,7 @@ class GpuQuarantine:
         node takes the node."""
         if not self.holds(slot):
             return
-        scope = reported_gpus(layers)
+        scope = reported_gpus(layers, self.up_to)
         if scope is None:
             self.escalate(slot)
         else:

@@ -6,6 +6,8 @@ Both are off by default, as in the chart. Every figure is an input; docs/simulat
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from gpuguard.sim.faults import KINDS
@@ -38,6 +40,15 @@ class GpuQuarantine(Strict):
         description=(
             "gpuguard takes a GPU-local fault's GPU out alone (a DRA device taint); the node"
             " keeps serving jobs that fit its other GPUs"
+        ),
+    )
+    up_to: Literal["reset_gpu", "replace"] = Field(
+        default="reset_gpu",
+        description=(
+            "The highest rung a GPU finding may recommend and be quarantined by a device"
+            " taint: reset_gpu (a finding for a reboot or a replacement takes the node at"
+            " once, as the controller does), replace (every GPU finding, the node taken only"
+            " when the ladder gets there)"
         ),
     )
 

@@ -64,6 +64,10 @@ GPU_CHANGES: tuple[Change, ...] = (
         "preflight catches half as often",
         {"preflight": {"catch": {k: v / 2 for k, v in DEFAULT_CATCH.items()}}},
     ),
+    Change(
+        "per-GPU quarantine up to replace",
+        {"gpu_quarantine": {"up_to": "replace"}},
+    ),
     Change("health polls every 10 min", {"detection": {"check_interval_s": 600.0}}),
     Change("sub-node jobs none", {"jobs": {"sub_node_share": 0.0}}),
     Change("sub-node jobs: half the 1-node jobs", {"jobs": {"sub_node_share": 0.5}}),
