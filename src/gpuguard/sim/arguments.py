@@ -93,7 +93,7 @@ def _gpu_arguments(parser: argparse.ArgumentParser) -> None:
         "--preflight-false-failure",
         type=float,
         metavar="P",
-        help="chance it fails a healthy node (preflight.false_failure, default 0.001)",
+        help="chance it fails a healthy node (preflight.false_failure, default 0.002)",
     )
     parser.add_argument(
         "--sub-node-share",

@@ -59,7 +59,7 @@ class Preflight(Strict):
         default=60.0, description="Seconds the check holds each start (the init container)"
     )
     false_failure: Share = Field(
-        default=0.001,
+        default=0.002,
         description="Chance a check fails a healthy node (it is quarantined, then verified)",
     )
     catch: dict[str, Share] = Field(
