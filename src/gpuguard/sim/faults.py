@@ -125,12 +125,14 @@ HIDDEN_CLASSES = frozenset({"sdc", "fail_slow"})
 # Replayed records no device signal shows, which the trace's operators found themselves
 # (a job troubleshot, their stress test) and held offline for the record's span.
 OFFLINE_CLASSES = frozenset({"unattributed", "fail_slow"})
-# Classes whose faults live on one GPU (Xid 48/63/64/79/94/95, a row-remap failure, a
-# GPU off its PCIe link, its GSP, its corrupting or slow SMs): a per-GPU quarantine (a DRA
-# device taint) can take that GPU alone out. NVLink (the NVSwitch fabric every GPU
-# shares), the host, its driver, its adapters, the rack's switch and cooling are the
-# node's: they take the node.
-GPU_LOCAL_CLASSES = frozenset({"gpu", "pcie", "hbm", "sram", "gsp", "sdc"})
+# Classes whose faults live on one GPU: the GPU lost or off its PCIe link (Xid 79), its
+# memory (Xid 48, 63, 64, 94, 95, a row-remap failure), its GSP (Xid 119), its NVLinks
+# (Xid 74: the GPU's own links; the others' links and the switches are fine), its
+# temperature at the shutdown threshold (the agent names that GPU), its corrupting SMs.
+# A per-GPU quarantine (a DRA device taint) can take that GPU alone out. The host, its
+# kernel and driver, its adapters, the rack's switch and the power (a power brake holds
+# every GPU) are the node's: they take the node.
+GPU_LOCAL_CLASSES = frozenset({"gpu", "pcie", "hbm", "sram", "gsp", "nvlink", "thermal", "sdc"})
 # Classes whose faults are counted as job interruptions in the published figures.
 ATTRIBUTED = frozenset(
     name for name in KINDS if name not in ("fail_slow", "unattributed", "benign")
