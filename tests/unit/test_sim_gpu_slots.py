@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuguard.errors import ConfigError
 from gpuguard.remediation.policy import Policy
 from gpuguard.sim.accounting import ServiceBooks, Stats
 from gpuguard.sim.agent_view import AgentView
@@ -142,3 +143,12 @@ def test_the_gates_false_failures_cost_what_the_inputs_say():
     assert stats.preflight_checks > 0
     assert stats.preflight_false == stats.preflight_checks == stats.preflight_blocked
     assert stats.preflight_node_s == pytest.approx(90.0 * stats.preflight_checks)
+
+
+def test_an_unknown_fault_class_in_the_gates_catch_is_a_one_line_error():
+    data = load_scenario().model_dump(by_alias=True)
+    data["preflight"]["catch"] = {"gpus": 1.0}
+    with pytest.raises(ConfigError) as caught:
+        build_scenario(data, origin="my.yaml")
+    message = str(caught.value)
+    assert "preflight.catch" in message and "'gpus'" in message and "\n" not in message
