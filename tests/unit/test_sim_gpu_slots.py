@@ -132,7 +132,7 @@ def test_the_gate_catches_a_fault_present_at_the_start_that_no_poll_has_read():
     assert 300.0 + 0.99 * scenario.detection.check_interval_s > 600.0 + scenario.preflight.cost_s
     engine = _run(scenario, [port])
     stats = engine.stats
-    assert stats.preflight_caught == 1 and stats.preflight_blocked >= 1
+    assert stats.preflight_caught == {"nic": 1} and stats.preflight_blocked >= 1
     assert stats.fault_times[0].detected == pytest.approx(600.0 + scenario.preflight.cost_s)
     assert engine.jobs[0].interruptions >= 1 and engine.jobs[0].retries == 0  # not charged
 

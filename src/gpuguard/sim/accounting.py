@@ -46,7 +46,8 @@ class Stats:
     gpus_quarantined: int = 0  # a GPU-local fault's GPU taken out alone (per-GPU quarantine)
     gpu_escalations: int = 0  # of them, taken to the node (node-wide finding, or a reboot)
     preflight_checks: int = 0  # node checks the gate ran
-    preflight_caught: int = 0  # faults present at a start, not yet read, that it caught
+    preflight_caught: Counter[str] = field(default_factory=Counter)  # by class: faults
+    # present at a start, not yet read by the agent, that the check caught
     preflight_false: int = 0  # healthy nodes it failed
     preflight_blocked: int = 0  # starts it failed (the job placed again)
     preflight_node_s: float = 0.0  # node-seconds the checks held starts

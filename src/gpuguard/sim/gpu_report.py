@@ -26,7 +26,8 @@ def rows() -> list[Row]:
             "preflight: node checks / faults caught / false failures",
             _cell(
                 lambda g: (
-                    f"{g.preflight_checks} / {g.preflight_caught} / {g.preflight_false_failures}"
+                    f"{g.preflight_checks} / {sum(g.preflight_caught.values())}"
+                    f" / {g.preflight_false_failures}"
                 )
             ),
         ),

@@ -59,7 +59,7 @@ class PreflightGate:
                 if unread(slot, f) and draw() < config.catch.get(f.cls, 0.0)
             ]
             if caught:
-                stats.preflight_caught += len(caught)
+                stats.preflight_caught.update(f.cls for f in caught)
                 self._read(slot, caught)
             elif draw() < config.false_failure:
                 stats.preflight_false += 1

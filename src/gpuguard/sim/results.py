@@ -194,7 +194,7 @@ class GpuFigures:
     gpus_quarantined: int
     escalations: int
     preflight_checks: int
-    preflight_caught: int
+    preflight_caught: dict[str, int]  # by fault class
     preflight_false_failures: int
     preflight_failed_starts: int
     preflight_gpu_hours: float

@@ -93,7 +93,7 @@ def _gpu(engine: Engine, stats: Stats) -> GpuFigures:
         gpus_quarantined=stats.gpus_quarantined,
         escalations=stats.gpu_escalations,
         preflight_checks=stats.preflight_checks,
-        preflight_caught=stats.preflight_caught,
+        preflight_caught=dict(sorted(stats.preflight_caught.items())),
         preflight_false_failures=stats.preflight_false,
         preflight_failed_starts=stats.preflight_blocked,
         preflight_gpu_hours=stats.preflight_node_s * GPUS_PER_NODE / HOUR,
