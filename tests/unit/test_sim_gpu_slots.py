@@ -54,10 +54,11 @@ def test_the_scheduler_places_a_7_gpu_job_on_a_node_with_one_gpu_out_and_not_an_
 
 def test_gpu_slot_availability_is_gpu_seconds_in_service_over_all():
     books = ServiceBooks(Stats(), slots=2, horizon=100.0)
-    books.gpus_changed(0.0, 16)
-    books.gpus_changed(50.0, -1)  # one GPU out alone for the second half
+    books.service_changed(0.0, nodes=2, gpus=16)
+    books.service_changed(50.0, nodes=-1, gpus=-1)  # one GPU out alone for the second half
     books.account(100.0)
     assert books.gpu_share.share == pytest.approx((16 * 50 + 15 * 50) / (16 * 100))
+    assert books.slot_share.share == pytest.approx((2 * 50 + 1 * 50) / (2 * 100))
 
 
 def _scenario(classes: dict[str, object], seed: int = 1, **sections: dict[str, object]) -> Scenario:

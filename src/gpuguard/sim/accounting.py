@@ -176,13 +176,10 @@ class ServiceBooks:
             now, up=self.gpus_in_service, total=self.slots * self.gpus_per_slot
         )
 
-    def service_changed(self, now: float, *, up: bool) -> None:
+    def service_changed(self, now: float, *, nodes: int = 0, gpus: int = 0) -> None:
+        """``nodes`` more nodes and ``gpus`` more GPUs in service (fewer when negative)."""
         self.account(now)
-        self.in_service += 1 if up else -1
+        self.in_service += nodes
+        self.gpus_in_service += gpus
         self.slot_share.up = self.machine_share.up = self.in_service
-
-    def gpus_changed(self, now: float, delta: int) -> None:
-        """``delta`` more GPUs in service (fewer when negative)."""
-        self.account(now)
-        self.gpus_in_service += delta
         self.gpu_share.up = self.gpus_in_service

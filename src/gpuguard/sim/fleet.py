@@ -75,15 +75,16 @@ class Fleet:
         if not whole and slot.incidents:
             self._stats.quarantined(slot.incidents, self._events.now)
         now = self._events.now
-        if up != slot.in_service:
-            self._books.service_changed(now, up=up)
-            if up and slot.incidents:
+        gpus = GPUS_PER_NODE if up else 0
+        if slot.gpus_out and not up:
+            gpus = gpus_in_service(slot, schedulable=schedulable, up=up)
+        if up != slot.in_service or gpus != slot.gpus_up:
+            nodes = up - slot.in_service  # +1, -1 or 0
+            self._books.service_changed(now, nodes=nodes, gpus=gpus - slot.gpus_up)
+            slot.gpus_up = gpus
+            if up and not slot.in_service and slot.incidents:
                 self._stats.repaired(slot.incidents, now)
                 slot.incidents.clear()
-        gpus = GPUS_PER_NODE if up else gpus_in_service(slot, schedulable=schedulable, up=up)
-        if gpus != slot.gpus_up:
-            self._books.gpus_changed(now, gpus - slot.gpus_up)
-            slot.gpus_up = gpus
         slot.schedulable, slot.in_service = schedulable, up
         if newly_free and self.on_idle is not None:
             self.on_idle(slot)

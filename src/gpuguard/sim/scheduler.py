@@ -82,7 +82,9 @@ class Scheduler:
             while index < len(line) and (len(free) - held - kept >= self.smallest_job or partial):
                 job = line[index]
                 # A sub-node job takes a node with GPUs out alone first (it fits there).
-                spot = pick_partial(partial, self._slots, job.gpus) if job.nodes == 1 else None
+                spot = None
+                if partial and job.nodes == 1:
+                    spot = pick_partial(partial, self._slots, job.gpus)
                 if spot is not None or job.nodes <= len(free) - held - kept:
                     del line[index]
                     self._place(job, spot)
