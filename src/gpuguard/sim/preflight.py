@@ -28,7 +28,9 @@ def unread(slot: Slot, fault: Fault) -> bool:
     """Nothing of the fault has reached the agent yet: no line, no fact, no finding."""
     if fault.id in slot.checked or any(k[0] == fault.id for k in slot.kernel):
         return False
-    return not any(d.gpu == fault.gpu and d.kind != "slow" for d in slot.deep)
+    # A deep run's or a job's finding on its GPU.
+    named = {d.gpu for d in slot.deep} | {f.gpu for f in slot.in_job}
+    return fault.gpu not in named
 
 
 class PreflightGate:
@@ -80,8 +82,8 @@ class PreflightGate:
             line = kernel_line(fault.signal, fault.gpu)
             if fault.signal in CHECKED_SIGNALS:
                 slot.checked[fault.id] = (fault.signal, fault.gpu)
-            elif line is not None:
-                slot.kernel.append((fault.id, line, now, is_application_line(line)))
+            elif line is not None and not is_application_line(line):
+                slot.kernel.append((fault.id, line, now, False))
             elif fault.effect is Effect.SILENT:
                 findings.append(DeepFinding("corrupt", fault.gpu))
             else:
