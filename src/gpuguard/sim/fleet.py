@@ -150,6 +150,13 @@ class Fleet:
         if slot.machine != machine:
             return
         slot.down = ""
+        self.finish_repair(slot, what, gpus, manual=manual)
+
+    def finish_repair(
+        self, slot: Slot, what: str, gpus: tuple[int, ...], *, manual: bool = False
+    ) -> None:
+        """A reset or a reboot is over: what it clears is gone (unless the action itself
+        failed), and the driver hears how it went."""
         failed = not manual and self._rng.random() < self._actions.failure_probability
         level = Fix.RESET if what == "reset" else Fix.REBOOT
         faults = self._world.fault_process

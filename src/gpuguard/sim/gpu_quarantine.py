@@ -14,15 +14,13 @@ and the jobs on the other GPUs go by that.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
-import numpy as np
+from collections.abc import Mapping
 
 from gpuguard.contract.report import LayerReport
 from gpuguard.model import Action, Layer
 from gpuguard.remediation.model import DecisionKind
 from gpuguard.sim.engine import Engine
-from gpuguard.sim.faults import GPU_BUS, Fix
+from gpuguard.sim.faults import GPU_BUS
 from gpuguard.sim.slot import Slot
 
 GPU_INDEX = {f"0000:{bus}:00.0": index for index, bus in enumerate(GPU_BUS)}
@@ -48,10 +46,8 @@ def reported_gpus(
 class GpuQuarantine:
     """The device taints of one run: taken, widened, escalated, lifted."""
 
-    def __init__(self, engine: Engine, done: Callable[[Slot, str, bool], None]) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.done = done  # the policy's answer to a finished action
-        self.rng = np.random.default_rng([engine.scenario.seed, 7])
         up_to = engine.scenario.gpu_quarantine.up_to
         self.up_to = Action.REPLACE if up_to == "replace" else Action.RESET_GPU
 
@@ -144,21 +140,5 @@ class GpuQuarantine:
         return True
 
     def _reset_done(self, slot: Slot, machine: int | None, gpus: tuple[int, ...]) -> None:
-        if slot.machine != machine:
-            return
-        engine = self.engine
-        failed = self.rng.random() < engine.scenario.actions.failure_probability
-        if not failed:
-            cleared = [
-                f
-                for f in slot.faults.values()
-                if f.fix <= Fix.RESET and not f.stays_with_slot and f.gpu in gpus
-            ]
-            ids = {f.id for f in cleared}
-            slot.kernel = [k for k in slot.kernel if k[0] not in ids]
-            slot.deep = ()
-            engine.stats.removed(cleared, engine.now)
-            engine.fault_process.remove(slot, cleared)
-        engine.fault_process.show_again(slot)
-        engine.fleet.refresh(slot)
-        self.done(slot, "reset", not failed)
+        if slot.machine == machine:
+            self.engine.fleet.finish_repair(slot, "reset", gpus)

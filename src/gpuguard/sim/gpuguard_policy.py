@@ -49,7 +49,7 @@ class GpuguardPolicy:
     def attach(self, engine: Engine) -> None:
         self.engine = engine
         per_gpu = engine.scenario.gpu_quarantine.enabled
-        self.gpus = GpuQuarantine(engine, self.action_done) if per_gpu else None
+        self.gpus = GpuQuarantine(engine) if per_gpu else None
         self.reconciler = Reconciler(self.policy)
         self.reconciler.stale = False  # a new fleet: no episodes to read
         self.reconciler.population.update(slot.pool for slot in engine.slots)
