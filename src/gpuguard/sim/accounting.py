@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
-from gpuguard.sim.faults import HOUR, Fault, Fix, Locus
+from gpuguard.sim.faults import GPUS_PER_NODE, HOUR, Fault, Fix, Locus
 from gpuguard.sli import TimeShare
 
 BIN_S = HOUR  # resolution of the availability time series
@@ -43,6 +43,14 @@ class Stats:
     suspicions: int = 0  # crash memory's suspicions
     false_suspicions: int = 0  # of them, on a machine with nothing wrong
     spares_taken: int = 0  # warm spares an interrupted job took
+    gpus_quarantined: int = 0  # a GPU-local fault's GPU taken out alone (per-GPU quarantine)
+    gpu_escalations: int = 0  # of them, taken to the node (node-wide finding, or a reboot)
+    preflight_checks: int = 0  # node checks the gate ran
+    preflight_caught: Counter[str] = field(default_factory=Counter)  # by class: faults
+    # present at a start, not yet read by the agent, that the check caught
+    preflight_false: int = 0  # healthy nodes it failed
+    preflight_blocked: int = 0  # starts it failed (the job placed again)
+    preflight_node_s: float = 0.0  # node-seconds the checks held starts
     fault_times: dict[int, FaultTimes] = field(default_factory=dict)
     hidden: dict[int, HiddenTimes] = field(default_factory=dict)
     deep_runs: Counter[str] = field(default_factory=Counter)  # by trigger
@@ -59,7 +67,7 @@ class Stats:
         copy = Stats()
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int | Counter):
+            if isinstance(value, int | float | Counter):
                 setattr(copy, f.name, Counter(value) if isinstance(value, Counter) else value)
         return copy
 
@@ -69,7 +77,7 @@ class Stats:
         measured = Stats()
         for f in fields(self):
             value, earlier = getattr(self, f.name), getattr(before, f.name)
-            if isinstance(value, int | Counter):
+            if isinstance(value, int | float | Counter):
                 setattr(measured, f.name, value - earlier)
         measured.fault_times = {
             i: t for i, t in self.fault_times.items() if fault_starts[i] >= start
@@ -135,6 +143,10 @@ class ServiceBooks:
         self.slot_share = TimeShare(0.0)
         self.machine_share = TimeShare(0.0)
         self.in_service = 0
+        # GPU slots: every node's GPUs in service (``Fleet.refresh`` says how many).
+        self.gpu_share = TimeShare(0.0)
+        self.gpus_in_service = 0
+        self.gpus_per_slot = GPUS_PER_NODE
         self.occupied = slots  # slots with a machine in them
         self.repairing = 0  # machines away for repair
         self._bin_since = 0.0
@@ -151,6 +163,7 @@ class ServiceBooks:
         self._bin_since = now
         self.slot_share.set(now, up=self.in_service, total=self.slots)
         self.machine_share.set(now, up=self.in_service, total=self.occupied + self.repairing)
+        self.gpu_share.set(now, up=self.gpus_in_service, total=self.slots * self.gpus_per_slot)
 
     def start_measuring(self, now: float) -> None:
         """Forget the time in service booked so far (the warm-up); keep the hourly bins."""
@@ -159,8 +172,14 @@ class ServiceBooks:
         self.machine_share = TimeShare(
             now, up=self.in_service, total=self.occupied + self.repairing
         )
+        self.gpu_share = TimeShare(
+            now, up=self.gpus_in_service, total=self.slots * self.gpus_per_slot
+        )
 
-    def service_changed(self, now: float, *, up: bool) -> None:
+    def service_changed(self, now: float, *, nodes: int = 0, gpus: int = 0) -> None:
+        """``nodes`` more nodes and ``gpus`` more GPUs in service (fewer when negative)."""
         self.account(now)
-        self.in_service += 1 if up else -1
+        self.in_service += nodes
+        self.gpus_in_service += gpus
         self.slot_share.up = self.machine_share.up = self.in_service
+        self.gpu_share.up = self.gpus_in_service

@@ -67,6 +67,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " overhead, in-job false verdicts and adoption, fabric blast radius, fault rate, fleet"
         " age) over the same seeds, on every core",
     )
+    _gpu_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--html", type=Path, metavar="PATH", help="write the HTML report here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _gpu_arguments(parser: argparse.ArgumentParser) -> None:
+    """Per-GPU quarantine and the preflight gate (docs/simulator.md)."""
+    parser.add_argument(
+        "--per-gpu-quarantine",
+        action="store_true",
+        help="gpuguard takes a GPU-local fault's GPU out alone (gpu_quarantine.enabled)",
+    )
+    parser.add_argument(
+        "--preflight", action="store_true", help="gpuguard checks each node at each job start"
+    )
+    parser.add_argument(
+        "--preflight-cost-s",
+        type=float,
+        metavar="S",
+        help="seconds the preflight check holds each start (preflight.cost_s, default 60)",
+    )
+    parser.add_argument(
+        "--preflight-false-failure",
+        type=float,
+        metavar="P",
+        help="chance it fails a healthy node (preflight.false_failure, default 0.002)",
+    )
+    parser.add_argument(
+        "--sub-node-share",
+        type=float,
+        metavar="P",
+        help="share of 1-node jobs asking for 1-7 GPUs (jobs.sub_node_share, default 0)",
+    )
+    parser.add_argument(
+        "--compare-gpu",
+        action="store_true",
+        help="also run gpuguard with per-GPU quarantine, and with the preflight gate, side by side",
+    )

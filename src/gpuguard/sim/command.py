@@ -10,8 +10,15 @@ from gpuguard.clock import SYSTEM_CLOCK
 from gpuguard.errors import ConfigError
 from gpuguard.sim.html import render
 from gpuguard.sim.report import report_data, table
-from gpuguard.sim.run import POLICIES, WITHOUT_IN_JOB, remediation_policy, simulate
-from gpuguard.sim.scenario import load_scenario
+from gpuguard.sim.run import (
+    PER_GPU,
+    POLICIES,
+    PREFLIGHT,
+    WITHOUT_IN_JOB,
+    remediation_policy,
+    simulate,
+)
+from gpuguard.sim.scenario import Scenario, build_scenario, load_scenario
 from gpuguard.sim.sensitivity import sensitivity
 from gpuguard.sim.sensitivity import table as sensitivity_table
 from gpuguard.sim.sensitivity import to_dict as sensitivity_dict
@@ -47,6 +54,24 @@ class _Count:
 SIMULATE_SCHEMA = "gpuguard.io/simulate/v1"
 
 
+def _options(scenario: Scenario, args: argparse.Namespace) -> Scenario:
+    """The scenario with the command line's switches and figures, validated."""
+    if args.no_in_job:
+        scenario = scenario.with_in_job(False)
+    data = scenario.model_dump(by_alias=True)
+    given = {
+        ("gpu_quarantine", "enabled"): args.per_gpu_quarantine or None,
+        ("preflight", "enabled"): args.preflight or None,
+        ("preflight", "cost_s"): args.preflight_cost_s,
+        ("preflight", "false_failure"): args.preflight_false_failure,
+        ("jobs", "sub_node_share"): args.sub_node_share,
+    }
+    for (section, key), value in given.items():
+        if value is not None:
+            data[section][key] = value
+    return build_scenario(data, origin="command line")
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     base = load_scenario(args.scenario)
     scenario = base.with_overrides(
@@ -58,10 +83,10 @@ def run_simulate(args: argparse.Namespace) -> int:
             f" ({base.mix_summary()} -> {scenario.mix_summary()})",
             file=sys.stderr,
         )
-    if args.no_in_job:
-        scenario = scenario.with_in_job(False)
+    scenario = _options(scenario, args)
     policy = remediation_policy(scenario, args.policy_file)
     policies = (*POLICIES, WITHOUT_IN_JOB) if args.compare_in_job else POLICIES
+    policies = (*policies, PER_GPU, PREFLIGHT) if args.compare_gpu else policies
     trace = load_trace(args.trace) if args.trace is not None else None
     show = not args.no_progress and sys.stderr.isatty()
     progress = _Progress() if show else None

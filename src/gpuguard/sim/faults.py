@@ -14,6 +14,7 @@ from enum import IntEnum, StrEnum
 DAY = 86_400.0
 HOUR = 3_600.0
 
+GPUS_PER_NODE = 8  # an HGX node's
 # PCI bus ids of the eight GPUs of an HGX H100 node, as the driver prints them.
 GPU_BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 
@@ -124,6 +125,14 @@ HIDDEN_CLASSES = frozenset({"sdc", "fail_slow"})
 # Replayed records no device signal shows, which the trace's operators found themselves
 # (a job troubleshot, their stress test) and held offline for the record's span.
 OFFLINE_CLASSES = frozenset({"unattributed", "fail_slow"})
+# Classes whose faults live on one GPU: the GPU lost or off its PCIe link (Xid 79), its
+# memory (Xid 48, 63, 64, 94, 95, a row-remap failure), its GSP (Xid 119), its NVLinks
+# (Xid 74: the GPU's own links; the others' links and the switches are fine), its
+# temperature at the shutdown threshold (the agent names that GPU), its corrupting SMs.
+# A per-GPU quarantine (a DRA device taint) can take that GPU alone out. The host, its
+# kernel and driver, its adapters, the rack's switch and the power (a power brake holds
+# every GPU) are the node's: they take the node.
+GPU_LOCAL_CLASSES = frozenset({"gpu", "pcie", "hbm", "sram", "gsp", "nvlink", "thermal", "sdc"})
 # Classes whose faults are counted as job interruptions in the published figures.
 ATTRIBUTED = frozenset(
     name for name in KINDS if name not in ("fail_slow", "unattributed", "benign")
@@ -154,6 +163,11 @@ class Fault:
         """The position's or its domain's (a cable, a switch): no reset, reboot or new
         machine clears it, and it fails whether or not a machine runs in the slot."""
         return self.locus is Locus.POSITION or self.locus is Locus.DOMAIN
+
+    @property
+    def gpu_local(self) -> bool:
+        """Confined to one GPU (``GPU_LOCAL_CLASSES``): the node's other GPUs are fine."""
+        return self.cls in GPU_LOCAL_CLASSES and self.locus is Locus.MACHINE
 
     @property
     def of_silent_machine(self) -> bool:

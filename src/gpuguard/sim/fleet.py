@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from gpuguard.sim.faults import DAY, HOUR, Effect, Fault, Fix
+from gpuguard.sim.faults import DAY, GPUS_PER_NODE, HOUR, Effect, Fault, Fix
+from gpuguard.sim.gpu_slots import gpus_in_service
 from gpuguard.sim.slot import Slot
 from gpuguard.sim.world import World
 from gpuguard.sli import in_service
@@ -35,6 +36,7 @@ class Fleet:
             Slot(i, f"pool-{i % self._fleet.pools}", machine=i) for i in range(self._fleet.nodes)
         ]
         self.free: set[int] = set()  # schedulable slots without a job
+        self.partial: set[int] = set()  # the same, but with GPUs out alone (``gpu_slots``)
         self.spares = self._fleet.spare_nodes
         self.next_machine = self._fleet.nodes + self._fleet.spare_nodes
         self.on_idle: Callable[[Slot], None] | None = None  # a slot just became free
@@ -56,26 +58,45 @@ class Fleet:
                 faulty=False,
             )
         )
-        up = schedulable and not (slot.faults and any(f.disables for f in slot.faults.values()))
+        # A node with GPUs out alone takes no whole-node job: out of node-slot service,
+        # offered to the jobs that fit its other GPUs (``gpu_slots``).
+        whole = schedulable and not slot.gpus_out
+        up = whole and not (slot.faults and any(f.disables for f in slot.faults.values()))
         newly_free = False
-        if schedulable and slot.job is None:
+        if whole and slot.job is None:
             if slot.index not in self.free:
                 self.free.add(slot.index)
                 self._world.scheduler.want_scheduling()
                 newly_free = True
         else:
             self.free.discard(slot.index)
-        if not schedulable and slot.incidents:
+        if slot.gpus_out or slot.index in self.partial:
+            self._offer_partial(slot, schedulable)
+        if not whole and slot.incidents:
             self._stats.quarantined(slot.incidents, self._events.now)
-        if up != slot.in_service:
-            now = self._events.now
-            self._books.service_changed(now, up=up)
-            if up and slot.incidents:
+        now = self._events.now
+        gpus = GPUS_PER_NODE if up else 0
+        if slot.gpus_out and not up:
+            gpus = gpus_in_service(slot, schedulable=schedulable, up=up)
+        if up != slot.in_service or gpus != slot.gpus_up:
+            nodes = up - slot.in_service  # +1, -1 or 0
+            self._books.service_changed(now, nodes=nodes, gpus=gpus - slot.gpus_up)
+            slot.gpus_up = gpus
+            if up and not slot.in_service and slot.incidents:
                 self._stats.repaired(slot.incidents, now)
                 slot.incidents.clear()
         slot.schedulable, slot.in_service = schedulable, up
         if newly_free and self.on_idle is not None:
             self.on_idle(slot)
+
+    def _offer_partial(self, slot: Slot, schedulable: bool) -> None:
+        """Keep ``partial``: schedulable nodes with GPUs out alone and no job."""
+        if schedulable and slot.gpus_out and slot.job is None:
+            if slot.index not in self.partial:
+                self.partial.add(slot.index)
+                self._world.scheduler.want_scheduling()
+        else:
+            self.partial.discard(slot.index)
 
     def set_flags(
         self, slot: Slot, *, tainted: bool | None = None, cordoned: bool | None = None
@@ -129,6 +150,13 @@ class Fleet:
         if slot.machine != machine:
             return
         slot.down = ""
+        self.finish_repair(slot, what, gpus, manual=manual)
+
+    def finish_repair(
+        self, slot: Slot, what: str, gpus: tuple[int, ...], *, manual: bool = False
+    ) -> None:
+        """A reset or a reboot is over: what it clears is gone (unless the action itself
+        failed), and the driver hears how it went."""
         failed = not manual and self._rng.random() < self._actions.failure_probability
         level = Fix.RESET if what == "reset" else Fix.REBOOT
         faults = self._world.fault_process
@@ -182,6 +210,7 @@ class Fleet:
         slot.notready = any(f.effect is Effect.DOWN for f in slot.faults.values())
         slot.down = ""
         slot.tainted = slot.cordoned = slot.gpu_withdrawn = False
+        slot.gpus_out.clear()
         books.occupied -= 1
         books.repairing += 1
         # A machine leaving with replayed records is back when the record says it was.

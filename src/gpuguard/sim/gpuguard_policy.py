@@ -30,12 +30,13 @@ from gpuguard.sim.agent_view import Verdict
 from gpuguard.sim.attribution import JobAttribution
 from gpuguard.sim.deep_suite import DeepSuite
 from gpuguard.sim.engine import Engine, Slot
-from gpuguard.sim.faults import GPU_BUS, Fault
+from gpuguard.sim.faults import Fault
+from gpuguard.sim.gpu_quarantine import GPU_INDEX, GpuQuarantine
 from gpuguard.sim.in_job import InJobPath
 from gpuguard.sim.jobs import Job
+from gpuguard.sim.preflight import PreflightGate
 
 K = DecisionKind
-_GPU_INDEX = {f"0000:{bus}:00.0": index for index, bus in enumerate(GPU_BUS)}
 
 
 class GpuguardPolicy:
@@ -47,6 +48,8 @@ class GpuguardPolicy:
 
     def attach(self, engine: Engine) -> None:
         self.engine = engine
+        per_gpu = engine.scenario.gpu_quarantine.enabled
+        self.gpus = GpuQuarantine(engine) if per_gpu else None
         self.reconciler = Reconciler(self.policy)
         self.reconciler.stale = False  # a new fleet: no episodes to read
         self.reconciler.population.update(slot.pool for slot in engine.slots)
@@ -74,6 +77,8 @@ class GpuguardPolicy:
         passed = self.in_job.contradicted if self.in_job is not None else None
         self.deep = DeepSuite(engine, self.signals_changed, passed)
         self.attribution = JobAttribution(engine, self.policy, self._suspected)
+        if engine.scenario.preflight.enabled:
+            PreflightGate(engine, self.signals_changed).attach()
 
     # -- the jobs' interruptions ------------------------------------------------------
 
@@ -104,6 +109,8 @@ class GpuguardPolicy:
         self.reported[slot.index] = now
         if not verdict.healthy:
             engine.detected(slot)
+        if self.gpus is not None:
+            self.gpus.follow(slot, self._observation(slot, now).layers)
         if changed or slot.name in self.reconciler.attention:
             self._mark(slot)
             self._decide_at(now)
@@ -197,7 +204,9 @@ class GpuguardPolicy:
         index = slot.index
         episode = self.reconciler.episodes.get(slot.name)
         draining = episode is not None and episode.phase is Phase.DRAINING
-        moving = int(draining and (slot.job is not None or slot.drain_until > now))
+        # A job on the GPUs a device taint left is not on the episode's GPUs.
+        busy = slot.job is not None and not (self.gpus is not None and self.gpus.spares_job(slot))
+        moving = int(draining and (busy or slot.drain_until > now))
         # Everything the projection reads: the same again gives the same object, which
         # the policy core then knows unchanged without comparing it field by field. The
         # cache is the slot's, and so is the position (the same for every machine in it).
@@ -205,11 +214,11 @@ class GpuguardPolicy:
             slot.name,
             self.layers[index],
             self.reported.get(index),
-            slot.tainted,
+            slot.tainted or bool(slot.gpus_out),  # a device taint is the reconciler's too
             slot.cordoned,
             index in self.ours,
             moving,
-            slot.job is not None,
+            busy,
             self.deep.requests.get(index),
             self.deep.answers.get(index),
             self.attribution.layer(slot, now),
@@ -239,6 +248,10 @@ class GpuguardPolicy:
         self.observed[index] = (inputs, observation)
         return observation
 
+    def _layers(self, slot: Slot) -> dict[str, LayerReport]:
+        """The node's layers as the reconciler read them (crash memory's included)."""
+        return dict(self._observation(slot, self.engine.now).layers)
+
     def apply(self, plan: Plan, opened: Collection[str]) -> set[str]:
         """The simulated cluster as the reconciler's actuator: nothing fails here."""
         engine = self.engine
@@ -258,6 +271,8 @@ class GpuguardPolicy:
             if slot.name != decision.node or slot.machine is None:
                 continue
             kind = decision.kind
+            if self.gpus is not None and self.gpus.apply(kind, slot, self._layers(slot)):
+                continue
             episode = plan.episodes.get(decision.node)
             opened = episode.opened_at if episode is not None else now
             if kind is K.TAINT or kind is K.UNTAINT:
@@ -286,8 +301,8 @@ class GpuguardPolicy:
                 what = "reset" if decision.action is Action.RESET_GPU else "reboot"
                 if self._first(decision.node, opened, what, decision.attempt) and not slot.down:
                     self._count_false_drain(slot, opened)
-                    gpus = tuple(_GPU_INDEX[g] for g in decision.gpus if g in _GPU_INDEX)
-                    engine.repair(slot, what, gpus=gpus)
+                    gpus = tuple(GPU_INDEX[g] for g in decision.gpus if g in GPU_INDEX)
+                    self._repair(slot, what, gpus)
             elif kind is K.REQUEST_VERIFY and decision.request is not None:
                 self.deep.request_verify(slot, decision.request)
             elif kind is K.CLEAR_VERIFY:
@@ -298,6 +313,12 @@ class GpuguardPolicy:
                 self._count_false_drain(slot, opened)
                 self.attribution.forget(slot.name)
                 engine.replace(slot)
+
+    def _repair(self, slot: Slot, what: str, gpus: tuple[int, ...]) -> None:
+        if self.gpus is not None:
+            self.gpus.repair(slot, what, gpus)
+        else:
+            self.engine.repair(slot, what, gpus=gpus)
 
     def _first(self, node: str, opened: float, what: str, attempt: int) -> bool:
         key = (node, opened, what, attempt)

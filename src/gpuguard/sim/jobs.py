@@ -14,7 +14,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from gpuguard.sim.faults import DAY, HOUR
+from gpuguard.sim.faults import DAY, GPUS_PER_NODE, HOUR
 from gpuguard.sim.scenario import Jobs, JobSize, Scenario
 
 
@@ -53,6 +53,7 @@ class Job:
     nodes: int
     work_h: float
     arrival: float
+    gpus: int = GPUS_PER_NODE  # GPUs it asks for on each node (fewer: a sub-node job)
     state: JobState = JobState.QUEUED
     slots: list[int] = field(default_factory=list)
     saved_h: float = 0.0  # progress at the last checkpoint (what survives an interruption)
@@ -138,6 +139,7 @@ class Workload:
     nodes: np.ndarray
     work_h: np.ndarray
     arrival: np.ndarray
+    gpus: np.ndarray
 
     @classmethod
     def of(cls, jobs: list[Job]) -> Workload:
@@ -145,14 +147,21 @@ class Workload:
             np.array([job.nodes for job in jobs], dtype=np.int64),
             np.array([job.work_h for job in jobs], dtype=np.float64),
             np.array([job.arrival for job in jobs], dtype=np.float64),
+            np.array([job.gpus for job in jobs], dtype=np.int64),
         )
 
     def jobs(self) -> list[Job]:
         """The jobs, unstarted, in arrival order (ids as generated)."""
-        columns = zip(self.nodes.tolist(), self.work_h.tolist(), self.arrival.tolist(), strict=True)
+        columns = zip(
+            self.nodes.tolist(),
+            self.work_h.tolist(),
+            self.arrival.tolist(),
+            self.gpus.tolist(),
+            strict=True,
+        )
         return [
-            Job(id=i, nodes=nodes, work_h=work, arrival=at)
-            for i, (nodes, work, at) in enumerate(columns)
+            Job(id=i, nodes=nodes, work_h=work, arrival=at, gpus=gpus)
+            for i, (nodes, work, at, gpus) in enumerate(columns)
         ]
 
 
@@ -194,7 +203,19 @@ def generate_jobs(scenario: Scenario, rng: np.random.Generator) -> list[Job]:
         if t >= horizon:
             break
         new_job(t, arrival_cdf)
+    _sub_node(jobs, jobs_config.sub_node_share, scenario.seed)
     return jobs
+
+
+def _sub_node(jobs: list[Job], share: float, seed: int) -> None:
+    """Some 1-node jobs ask for 1-7 GPUs, drawn apart so the rest of the workload is the
+    same with or without them."""
+    if share <= 0:
+        return
+    rng = np.random.default_rng([seed, 3])
+    for job in jobs:
+        if job.nodes == 1 and rng.random() < share:
+            job.gpus = int(rng.integers(1, GPUS_PER_NODE))
 
 
 def _cdf(probabilities: np.ndarray) -> list[float]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from gpuguard.sim import in_job_report
+from gpuguard.sim import gpu_report, in_job_report
 from gpuguard.sim.formatting import grid, interval_text, metric_cell, metric_label, pct
 from gpuguard.sim.results import SIZE_CLASSES, PolicyResult
 from gpuguard.sim.run import Simulation
@@ -22,6 +22,7 @@ Row = tuple[str, Callable[[PolicyResult], str]]
 def _rows() -> list[Row]:
     return [
         *_outcome_rows(),
+        *gpu_report.rows(),
         *_repair_rows(),
         *in_job_report.rows(),
         *_cost_rows(),

@@ -6,11 +6,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from gpuguard.sim.faults import GPUS_PER_NODE as GPUS_PER_NODE  # the report's modules' source
 from gpuguard.sim.faults import HOUR
 from gpuguard.sim.jobs import Job
 from gpuguard.sli import job_success_rate, ratio
 
-GPUS_PER_NODE = 8
 # Job size classes by GPUs (lower bounds), after the literature's split of small jobs from
 # the 512+ GPU runs whose failures dominate GPU-hours (Kokolis et al., HPCA'25). A whole
 # node is 8 GPUs, so the simulator's jobs start in the second class.
@@ -135,6 +135,11 @@ class PolicyResult:
     false_suspicions_per_node_day: float = 0.0
     spares_taken: int = 0  # warm spares interrupted jobs took
     locus: LocusFigures | None = None  # replacements against the faults they are for
+    gpu: GpuFigures | None = None  # GPU slots, per-GPU quarantine, the preflight gate
+
+    @property
+    def gpu_slot_availability(self) -> float:
+        return self.gpu.slot_availability if self.gpu is not None else self.slot_availability
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -173,7 +178,26 @@ class PolicyResult:
             "crash_suspicions_per_node_day": self.crash_suspicions_per_node_day,
             "false_suspicions_per_node_day": self.false_suspicions_per_node_day,
             "spares_taken": self.spares_taken,
+            "gpu_slot_availability": self.gpu_slot_availability,
+            "gpu": asdict(self.gpu) if self.gpu is not None else None,
         }
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """GPU-slot availability (GPUs in service over all GPUs: a node with k GPUs out alone
+    serves its other 8 - k), the GPUs taken out alone and those of them escalated to the
+    node, and the preflight gate's node checks, the faults it caught, its false failures,
+    the starts it failed and the GPU-hours its checks held."""
+
+    slot_availability: float
+    gpus_quarantined: int
+    escalations: int
+    preflight_checks: int
+    preflight_caught: dict[str, int]  # by fault class
+    preflight_false_failures: int
+    preflight_failed_starts: int
+    preflight_gpu_hours: float
 
 
 @dataclass

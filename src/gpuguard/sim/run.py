@@ -27,6 +27,9 @@ from gpuguard.sim.trace import Trace
 POLICIES = ("none", "reactive", "gpuguard")
 # gpuguard on the same failures and jobs with the in-job path off: what the path gains.
 WITHOUT_IN_JOB = "gpuguard-no-in-job"
+# gpuguard with per-GPU quarantine on, and with the preflight gate on (``--compare-gpu``).
+PER_GPU = "gpuguard-per-gpu"
+PREFLIGHT = "gpuguard-preflight"
 # reactive with the Jobs' podFailurePolicy on DisruptionTarget: its drains cost no retry.
 REACTIVE_PFP = "reactive-pfp"
 
@@ -108,7 +111,7 @@ def _one_seed(
     for name in policies:
         label = f"{name} s{scenario.seed}"
         report = (lambda f, n=label: progress(n, f)) if progress is not None else None
-        run_scenario = scenario.with_in_job(False) if name == WITHOUT_IN_JOB else scenario
+        run_scenario = _variant(scenario, name)
         # Around the call, the driver made in it: nothing here holds the engine at the end.
         with _without_cycle_collector():
             driver = _driver(name, policy)
@@ -153,14 +156,24 @@ def _without_cycle_collector() -> Iterator[None]:
         gc.collect()
 
 
+def _variant(scenario: Scenario, name: str) -> Scenario:
+    """The scenario a side-by-side run of gpuguard changes (the others: as it is)."""
+    if name == WITHOUT_IN_JOB:
+        return scenario.with_in_job(False)
+    if name in (PER_GPU, PREFLIGHT):
+        key = "gpu_quarantine" if name == PER_GPU else "preflight"
+        return scenario.with_section(key, enabled=True)
+    return scenario
+
+
 def _driver(name: str, policy: Policy) -> Driver:
     if name == "none":
         return NoPolicy()
     if name in ("reactive", REACTIVE_PFP):
         return ReactivePolicy(pod_failure_policy=name == REACTIVE_PFP)
-    if name in ("gpuguard", WITHOUT_IN_JOB):
+    if name in ("gpuguard", WITHOUT_IN_JOB, PER_GPU, PREFLIGHT):
         driver = GpuguardPolicy(policy)
         driver.name = name
         return driver
-    known = ", ".join((*POLICIES, WITHOUT_IN_JOB, REACTIVE_PFP))
+    known = ", ".join((*POLICIES, WITHOUT_IN_JOB, REACTIVE_PFP, PER_GPU, PREFLIGHT))
     raise ValueError(f"unknown policy {name!r} (policies: {known})")

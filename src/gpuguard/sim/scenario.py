@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpuguard.config import describe_invalid, read_yaml_mapping
 from gpuguard.errors import ConfigError
 from gpuguard.sim.scenario_detection import Attribution, DeepChecks, Detection, InJob
+from gpuguard.sim.scenario_gpu import GpuQuarantine, Preflight
 from gpuguard.sim.scenario_types import NonNegative, Positive, Share, Strict
 
 # Warm spares per pool of the gpuguard run unless the scenario sets ``fleet.spares_per_pool``.
@@ -180,6 +181,10 @@ class Jobs(Strict):
         default=12.0,
         description="Under first_fit, a restarting job waiting longer than this fails",
     )
+    sub_node_share: Share = Field(
+        default=0.0,
+        description="Share of the 1-node jobs that ask for 1-7 of its GPUs (uniform)",
+    )
     restart_scheduling: Literal["gang", "first_fit"] = Field(
         default="gang",
         description=(
@@ -205,6 +210,8 @@ class Scenario(Strict):
     attribution: Attribution = Attribution()
     actions: Actions = Actions()
     jobs: Jobs = Jobs()
+    gpu_quarantine: GpuQuarantine = GpuQuarantine()
+    preflight: Preflight = Preflight()
     # Validated as a remediation policy when the gpuguard run starts (``run.remediation_policy``).
     gpuguard_policy: dict[str, object] = Field(
         default_factory=dict, description="Remediation policy for the gpuguard run"
@@ -252,6 +259,11 @@ class Scenario(Strict):
             update={"in_job": self.in_job.model_copy(update={"enabled": enabled})}
         )
 
+    def with_section(self, section: str, **keys: object) -> Scenario:
+        """A copy with keys of one section set (the command line's options, the variants)."""
+        part = getattr(self, section).model_copy(update=keys)
+        return self.model_copy(update={section: part})
+
 
 def _mix_for_fleet(mix: tuple[JobSize, ...], nodes: int) -> tuple[JobSize, ...]:
     """The mix scaled to a fleet of ``nodes`` when its largest job would take more than half
@@ -275,6 +287,8 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "attribution": Attribution,
     "actions": Actions,
     "jobs": Jobs,
+    "gpu_quarantine": GpuQuarantine,
+    "preflight": Preflight,
 }
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from gpuguard.sim.events import Event
 from gpuguard.sim.faults import ATTRIBUTED, HOUR, Effect, Fault, Fix
+from gpuguard.sim.gpu_slots import pick_partial
 from gpuguard.sim.jobs import Job, JobState, effective_speed
 from gpuguard.sim.slot import Slot
 from gpuguard.sim.world import World
@@ -35,6 +36,10 @@ class Scheduler:
         self._detection = scenario.detection
         self._sdc_fails_job = scenario.failures.sdc_fails_job
         self._free = world.fleet.free
+        self._partial = world.fleet.partial  # nodes with GPUs out alone (``gpu_slots``)
+        # The preflight gate (``preflight.py``): its seconds at each start, and its verdict.
+        self.gate_s = 0.0
+        self.gate: Callable[[Job], bool] | None = None
         # Gang scheduling (Kueue, JobSet): an interrupted job keeps its quota, so the nodes
         # freed meanwhile are its first and it never gives up for want of capacity.
         self._gang = scenario.jobs.restart_scheduling == "gang"
@@ -67,19 +72,23 @@ class Scheduler:
 
     def _schedule(self) -> None:
         self._scheduling = False
-        free = self._free
+        free, partial = self._free, self._partial
         # Under gang scheduling the quota of every interrupted job is held back from the
         # jobs behind it; first-fit lets any job that fits take the nodes.
         held = sum(self._requeueing.values())
         for line in (self.waiting, self.queued):
             kept = self.spares_ready if line is self.queued else 0
             index = 0
-            while index < len(line) and len(free) - held - kept >= self.smallest_job:
+            while index < len(line) and (len(free) - held - kept >= self.smallest_job or partial):
                 job = line[index]
-                if job.nodes <= len(free) - held - kept:
+                # A sub-node job takes a node with GPUs out alone first (it fits there).
+                spot = None
+                if partial and job.nodes == 1:
+                    spot = pick_partial(partial, self._slots, job.gpus)
+                if spot is not None or job.nodes <= len(free) - held - kept:
                     del line[index]
-                    self._place(job)
-                    if line is self.waiting:
+                    self._place(job, spot)
+                    if line is self.waiting and spot is None:
                         self._take_spares(len(free) - held)
                 else:
                     if self._gang and line is self.waiting:
@@ -97,10 +106,12 @@ class Scheduler:
     def _spares_back(self, count: int) -> None:
         self.spares_ready += count
 
-    def _place(self, job: Job) -> None:
+    def _place(self, job: Job, spot: int | None = None) -> None:
         now = self._events.now
         slots = self._slots
-        picked = list(itertools.islice(self._free, job.nodes))
+        if spot is not None:
+            self._partial.discard(spot)
+        picked = [spot] if spot is not None else list(itertools.islice(self._free, job.nodes))
         # Its GPUs are the deep suite's until a run in progress on its nodes ends.
         starts = now
         discard = self._free.discard  # not difference_update: it resizes the set, and
@@ -118,15 +129,27 @@ class Scheduler:
         job.waiting_since = None
         if job.first_start is None:
             job.first_start = now
+        if self.gate is not None:  # the check runs before the workload starts up
+            self._timers[job.id] = (self._events.at(starts + self.gate_s, self._gated, job),)
+            return
         overhead = self._jobs.restart_overhead_min * 60.0
         self._timers[job.id] = (self._events.at(job.starts_at + overhead, self._ready, job),)
+
+    def _gated(self, job: Job) -> None:
+        """The gate's verdict: the start goes on, or fails and the job is placed again."""
+        assert self.gate is not None
+        if not self.gate(job):
+            self.interrupt(job, cause="platform")
+            return
+        overhead = self._jobs.restart_overhead_min * 60.0
+        self._timers[job.id] = (self._events.at(self._events.now + overhead, self._ready, job),)
 
     def _ready(self, job: Job) -> None:
         now = self._events.now
         faulty = [slot for slot in map(self._slots.__getitem__, job.slots) if slot.faults]
         for slot in faulty:
             for fault in slot.faults.values():
-                if fault.effect in (Effect.CRASH, Effect.DOWN):
+                if fault.effect in (Effect.CRASH, Effect.DOWN) and not slot.spares(fault):
                     # Dies initialising: the interruption books the start-up, once.
                     self.interrupt(job, cause="fault", fault=fault)
                     return
@@ -138,7 +161,7 @@ class Scheduler:
         self._plan_end(job)
         for slot in faulty:
             for fault in slot.faults.values():
-                if fault.effect is Effect.SILENT:
+                if fault.effect is Effect.SILENT and not slot.spares(fault):
                     self._arm_sdc(fault, job)
         if self.on_running is not None:
             self.on_running(job)
@@ -209,7 +232,7 @@ class Scheduler:
     def hit(self, slot: Slot, fault: Fault) -> None:
         """A fault starts under the slot's job."""
         job = slot.job
-        if job is None or job.state is not JobState.RUNNING:
+        if job is None or job.state is not JobState.RUNNING or slot.spares(fault):
             return  # a job initialising finds the fault when it is ready
         if fault.effect in (Effect.CRASH, Effect.DOWN):
             self.interrupt(job, cause="fault", fault=fault)

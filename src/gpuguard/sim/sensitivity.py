@@ -16,15 +16,16 @@ from dataclasses import dataclass
 from gpuguard.remediation.policy import Policy
 from gpuguard.sim.formatting import interval_text
 from gpuguard.sim.results import PolicyResult
-from gpuguard.sim.run import POLICIES, simulate
+from gpuguard.sim.run import PER_GPU, POLICIES, PREFLIGHT, simulate
 from gpuguard.sim.scenario import Scenario, build_scenario
+from gpuguard.sim.scenario_gpu import DEFAULT_CATCH
 from gpuguard.sim.sweep import Interval
 
 
 @dataclass(frozen=True)
 class Change:
     label: str
-    sections: dict[str, dict[str, float | None]]  # scenario section -> keys it sets
+    sections: dict[str, dict[str, object]]  # scenario section -> keys it sets
 
 
 BASE = Change("base (the scenario as given)", {})
@@ -52,6 +53,35 @@ CHANGES: tuple[Change, ...] = (
     Change("slow nodes never noticed by people", {"detection": {"slow_noticed_h": None}}),
 )
 
+# The inputs of the preflight gate and of per-GPU quarantine's workload, as ranges: rows
+# run only when the gate or per-GPU quarantine is in the run (``changes``).
+GPU_CHANGES: tuple[Change, ...] = (
+    Change("preflight check 10 s", {"preflight": {"cost_s": 10.0}}),
+    Change("preflight check 300 s", {"preflight": {"cost_s": 300.0}}),
+    Change("preflight false failures 0", {"preflight": {"false_failure": 0.0}}),
+    Change("preflight false failures 0.01", {"preflight": {"false_failure": 0.01}}),
+    Change(
+        "preflight catches half as often",
+        {"preflight": {"catch": {k: v / 2 for k, v in DEFAULT_CATCH.items()}}},
+    ),
+    Change(
+        "per-GPU quarantine up to replace",
+        {"gpu_quarantine": {"up_to": "replace"}},
+    ),
+    Change("health polls every 10 min", {"detection": {"check_interval_s": 600.0}}),
+    Change("sub-node jobs none", {"jobs": {"sub_node_share": 0.0}}),
+    Change("sub-node jobs: half the 1-node jobs", {"jobs": {"sub_node_share": 0.5}}),
+)
+
+
+def changes(scenario: Scenario, policies: Sequence[str]) -> tuple[Change, ...]:
+    """The rows for this run: ``GPU_CHANGES`` too when either feature is in it."""
+    gpu = scenario.preflight.enabled or scenario.gpu_quarantine.enabled
+    if gpu or PREFLIGHT in policies or PER_GPU in policies:
+        return CHANGES + GPU_CHANGES
+    return CHANGES
+
+
 # What each row reports, per policy: (key, label, scale, decimals).
 FIGURES: tuple[tuple[str, str, float, int], ...] = (
     ("job_success_by_gpu_hours", "success/GPU-h %", 100.0, 1),
@@ -59,6 +89,7 @@ FIGURES: tuple[tuple[str, str, float, int], ...] = (
     ("ettr", "ETTR", 1.0, 3),
     ("effective", "effective", 1.0, 3),
     ("slot_availability", "slots %", 100.0, 3),  # the target, 99.95 %, needs the third
+    ("gpu_slot_availability", "GPU slots %", 100.0, 3),
 )
 
 
@@ -70,6 +101,7 @@ def _figures(result: PolicyResult) -> dict[str, float | None]:
         "ettr": result.ettr,
         "effective": result.effective,
         "slot_availability": result.slot_availability,
+        "gpu_slot_availability": result.gpu_slot_availability,
     }
 
 
@@ -102,13 +134,14 @@ def sensitivity(
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Row]:
-    """Every row of ``CHANGES`` over ``seeds`` seeds from the scenario's."""
+    """Every row of ``changes`` over ``seeds`` seeds from the scenario's."""
+    rows = changes(scenario, policies)
     tasks = [
         (row, changed(scenario, change).with_overrides(seed=scenario.seed + offset))
-        for row, change in enumerate(CHANGES)
+        for row, change in enumerate(rows)
         for offset in range(seeds)
     ]
-    gathered: list[list[dict[str, dict[str, float | None]]]] = [[] for _ in CHANGES]
+    gathered: list[list[dict[str, dict[str, float | None]]]] = [[] for _ in rows]
     workers = workers or os.cpu_count() or 1
     with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
         futures = [(row, pool.submit(_one, seeded, policy, policies)) for row, seeded in tasks]
@@ -118,7 +151,7 @@ def sensitivity(
                 progress(done, len(futures))
     return [
         Row(change, {name: _over(runs, name) for name in policies})
-        for change, runs in zip(CHANGES, gathered, strict=True)
+        for change, runs in zip(rows, gathered, strict=True)
     ]
 
 

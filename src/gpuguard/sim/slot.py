@@ -35,6 +35,11 @@ class Slot:
     tainted: bool = False
     cordoned: bool = False
     gpu_withdrawn: bool = False  # the device plugin marked a GPU Unhealthy until it restarts
+    # GPUs taken out alone (per-GPU quarantine: a device taint), and since when: a job
+    # placed since runs on the others and a fault of those GPUs is not its.
+    gpus_out: set[int] = field(default_factory=set)
+    gpus_out_since: float = 0.0
+    gpus_up: int = 0  # of its GPUs, those in service (``Fleet.refresh``)
     drain_until: float = 0.0
     human_pending: bool = False
     human_for: int | None = None  # the machine the pending visit is for
@@ -58,11 +63,23 @@ class Slot:
     def speed(self) -> float:
         pace = 1.0
         for fault in self.faults.values():
+            if self.spares(fault):
+                continue
             if fault.effect is Effect.HANG:
                 return 0.0
             if fault.effect is Effect.SLOW:
                 pace = min(pace, fault.slowdown)
         return pace
+
+    def spares(self, fault: Fault) -> bool:
+        """The fault is on a GPU out alone, which the job on the node does not use (it was
+        placed after the GPU went out)."""
+        return (
+            fault.gpu in self.gpus_out
+            and fault.gpu_local
+            and self.job is not None
+            and self.job.placed_at >= self.gpus_out_since
+        )
 
 
 def _node_name(index: int, generation: int) -> str:

@@ -14,6 +14,7 @@ from gpuguard.sim.results import (
     SIZE_CLASSES,
     Distribution,
     FoundBy,
+    GpuFigures,
     HiddenFaults,
     LocusFigures,
     MlGoodput,
@@ -35,8 +36,7 @@ def summarise(engine: Engine) -> PolicyResult:
     counts = _job_counts(jobs)
     started = [job for job in jobs if job.first_start is not None]
     ettr, effective, effective_failed_lost = _training_time(started, engine.horizon)
-    fleet_node_hours = node_days * 24.0
-    books = engine.measured_books()
+    books, fleet_node_hours = engine.measured_books(), node_days * 24.0
     spent = _spent(engine, books, fleet_node_hours)
     fault_times = list(_with_start(engine, stats))
     repaired = [(t.repaired - start) / HOUR for t, start in fault_times if t.repaired is not None]
@@ -83,6 +83,20 @@ def summarise(engine: Engine) -> PolicyResult:
         false_suspicions_per_node_day=stats.false_suspicions / node_days,
         spares_taken=stats.spares_taken,
         locus=_locus(stats),
+        gpu=_gpu(engine, stats),
+    )
+
+
+def _gpu(engine: Engine, stats: Stats) -> GpuFigures:
+    return GpuFigures(
+        slot_availability=engine.books.gpu_share.share,
+        gpus_quarantined=stats.gpus_quarantined,
+        escalations=stats.gpu_escalations,
+        preflight_checks=stats.preflight_checks,
+        preflight_caught=dict(sorted(stats.preflight_caught.items())),
+        preflight_false_failures=stats.preflight_false,
+        preflight_failed_starts=stats.preflight_blocked,
+        preflight_gpu_hours=stats.preflight_node_s * GPUS_PER_NODE / HOUR,
     )
 
 
@@ -144,7 +158,7 @@ def _success_by_work(jobs: list[Job]) -> float:
     done = {JobState.SUCCEEDED: 0.0, JobState.FAILED: 0.0}
     for job in jobs:
         if job.state in done:
-            done[job.state] += job.work_h * job.nodes
+            done[job.state] += job.work_h * job.nodes * job.gpus
     return ratio(done[JobState.SUCCEEDED], sum(done.values()))
 
 
@@ -152,9 +166,9 @@ def _success_by_size(jobs: list[Job]) -> dict[str, SizeOutcome]:
     outcomes = {name: SizeOutcome(0, 0) for _, name in SIZE_CLASSES}
     for job in jobs:
         if job.state is JobState.SUCCEEDED:
-            outcomes[size_class(job.nodes * GPUS_PER_NODE)].succeeded += 1
+            outcomes[size_class(job.nodes * job.gpus)].succeeded += 1
         elif job.state is JobState.FAILED:
-            outcomes[size_class(job.nodes * GPUS_PER_NODE)].failed += 1
+            outcomes[size_class(job.nodes * job.gpus)].failed += 1
     return outcomes
 
 

@@ -77,9 +77,10 @@ NOT_SHARES = ("mttr_hours", "job_interruptions_per_1000_node_days")  # not in [0
 METRICS: dict[str, Callable[[PolicyResult], float | None]] = {
     "gpu_node_availability": lambda r: r.gpu_node_availability,
     "slot_availability": lambda r: r.slot_availability,
+    "gpu_slot_availability": lambda r: r.gpu_slot_availability,
     "job_success_rate": lambda r: r.job_success_rate,
     "job_success_by_gpu_hours": lambda r: r.job_success_by_gpu_hours,
-    **{f"job_success_{label}_gpus": _size(label) for _, label in SIZE_CLASSES[1:]},
+    **{f"job_success_{label}_gpus": _size(label) for _, label in SIZE_CLASSES},
     "ettr": lambda r: r.ettr,
     "effective_training_time": lambda r: r.effective,
     "effective_training_time_failed_work_lost": lambda r: r.effective_failed_lost,
