@@ -48,7 +48,7 @@ class Served(Protocol):
 def serve(metrics: Served, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
     """Serve /metrics, /healthz and /readyz on a daemon thread; returns the server."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._answer(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
@@ -61,19 +61,24 @@ def serve(metrics: Served, port: int, host: str = "0.0.0.0") -> ThreadingHTTPSer
             else:
                 self._answer(404, b"not found\n")
 
-        def _answer(self, code: int, body: bytes, kind: str = "text/plain") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # scrapes every few seconds would flood the daemon's log
-
     server = QuietServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """Answers in one call and logs no line per request: scrapes every few seconds, or
+    one admission review per pod created, would flood the daemon's log."""
+
+    def _answer(self, code: int, body: bytes, kind: str = "text/plain") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 class QuietServer(ThreadingHTTPServer):

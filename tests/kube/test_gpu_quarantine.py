@@ -172,6 +172,14 @@ def rules(api: KubeApi, node: str) -> list[dict[str, Any]]:
     return dra.our_rules(api, dra.discover(api), node)
 
 
+def gpu_node(api: KubeApi) -> str:
+    """A KWOK node whose 8 GPUs the driver publishes in one ResourceSlice."""
+    node = f"kwok-dra-{uuid.uuid4().hex[:6]}"
+    make_kwok_node(api, node, {"kubernetes.io/hostname": node, POOL: node})
+    api.create(f"{RESOURCE}/resourceslices", gpu_slice(node))
+    return node
+
+
 def start(
     api: KubeApi, namespace: str, attach: Callable[[Controller], None] | None = None
 ) -> tuple[Controller, Running]:
@@ -192,9 +200,7 @@ def start(
 def test_a_gpu_finding_taints_that_device_not_the_node(dra_api):
     api = dra_api
     with scratch_namespace(api) as namespace:
-        node = f"kwok-dra-{uuid.uuid4().hex[:6]}"
-        make_kwok_node(api, node, {"kubernetes.io/hostname": node, POOL: node})
-        api.create(f"{RESOURCE}/resourceslices", gpu_slice(node))
+        node = gpu_node(api)
         ones = [f"one-{i}" for i in range(8)]
         for name in ones:
             claim_pod(api, namespace, node, name, 1)
@@ -251,9 +257,7 @@ def test_a_gpu_finding_taints_that_device_not_the_node(dra_api):
 def test_a_node_wide_fault_or_an_unknown_gpu_taints_the_node(dra_api):
     api = dra_api
     with scratch_namespace(api) as namespace:
-        node = f"kwok-dra-{uuid.uuid4().hex[:6]}"
-        make_kwok_node(api, node, {"kubernetes.io/hostname": node, POOL: node})
-        api.create(f"{RESOURCE}/resourceslices", gpu_slice(node))
+        node = gpu_node(api)
         controller, thread = start(api, namespace)
         try:
             # A GPU no slice of the driver publishes: the node, as without DRA.
@@ -279,9 +283,7 @@ def test_a_node_wide_fault_or_an_unknown_gpu_taints_the_node(dra_api):
 def test_a_gpu_fault_that_climbs_past_a_reset_taints_the_node(dra_api):
     api = dra_api
     with scratch_namespace(api) as namespace:
-        node = f"kwok-dra-{uuid.uuid4().hex[:6]}"
-        make_kwok_node(api, node, {"kubernetes.io/hostname": node, POOL: node})
-        api.create(f"{RESOURCE}/resourceslices", gpu_slice(node))
+        node = gpu_node(api)
         _, thread = start(api, namespace)
         try:
             # Degraded and deferred: the running work stays (NoSchedule).
@@ -390,9 +392,7 @@ def test_the_chart_values_reach_the_controllers_flags_and_role(helm, dry_run):
 def test_a_rule_deleted_by_hand_is_written_again_after_the_next_sweep(dra_api):
     api = dra_api
     with scratch_namespace(api) as namespace:
-        node = f"kwok-dra-{uuid.uuid4().hex[:6]}"
-        make_kwok_node(api, node, {"kubernetes.io/hostname": node, POOL: node})
-        api.create(f"{RESOURCE}/resourceslices", gpu_slice(node))
+        node = gpu_node(api)
         quarantine = GpuQuarantine(DRIVER)
         _, thread = start(api, namespace, attach=quarantine.attach)
         try:

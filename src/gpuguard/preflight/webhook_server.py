@@ -17,11 +17,10 @@ import socket
 import ssl
 import tempfile
 import threading
-from http.server import BaseHTTPRequestHandler
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuguard.metrics_server import QuietServer
+from gpuguard.metrics_server import QuietHandler, QuietServer
 from gpuguard.preflight import certs
 from gpuguard.preflight.mutate import ERROR, MUTATED, SKIPPED, Answer, Settings, review
 
@@ -110,7 +109,7 @@ def serve_webhook(
 ) -> WebhookServer:
     """Serve the webhook on a daemon thread; returns the server (``shutdown`` ends it)."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         timeout = 30  # the handshake and the request: a silent client frees its thread
 
         def do_POST(self) -> None:
@@ -139,16 +138,6 @@ def serve_webhook(
                 self._answer(200, b"ok\n")
             else:
                 self._answer(503, b"no serving certificate yet\n")
-
-        def _answer(self, code: int, body: bytes, kind: str = "text/plain") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # one line per pod created would flood the controller's log
 
     server = WebhookServer((host, port), cert, Handler)
     threading.Thread(target=server.serve_forever, name="webhook", daemon=True).start()
