@@ -100,3 +100,18 @@ def test_a_pod_gaining_do_not_disrupt_wakes_its_node():
     cache.take(event("ADDED", pod("t", "n1")))
     assert cache.take(event("MODIFIED", protected("true"))) == {"n1"}
     assert cache.take(event("MODIFIED", protected("true"))) == set()
+
+
+def test_a_pod_holding_resource_claims_counts_as_on_the_gpus():
+    """Which devices a DRA claim was given is not on the pod: a reset waits for it all
+    the same, as for a device-plugin pod whose GPUs are not named."""
+    claimed = pod("c", "n1", gpus=0, annotations={})
+    claimed["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimName": "claim-7"}]
+    plain = pod("p", "n1", gpus=0, annotations={})
+    slim = slim_pod(claimed)
+    assert slim["spec"]["resourceClaims"] == [{"name": "gpus"}]
+    assert "resourceClaims" not in slim_pod(plain)["spec"]  # nothing kept for most pods
+    cache = PodCache()
+    cache.take(Snapshot([slim, slim_pod(plain)], "1"))
+    assert cache.on_gpus("n1", [GPU]) == 1
+    assert [p["metadata"]["name"] for p in cache.running_on("n1", [GPU])] == ["c"]

@@ -24,9 +24,10 @@ _KEPT_ANNOTATIONS = (drain.MIRROR_ANNOTATION, GPU_IDS_ANNOTATION, DO_NOT_DISRUPT
 
 def slim_pod(pod: Json) -> Json:
     """What the drain rules read of a pod: owners, the kept annotations, deletion, the
-    containers' GPU resources, the phase and the start (a timed do-not-disrupt); and
-    what attribution reads: the job's labels, the conditions that judge a failure, and a
-    failed pod's container endings; and what the preflight gate left (preflight_pods.py)."""
+    containers' GPU resources and the resource claims' names (DRA: they may hold GPUs),
+    the phase and the start (a timed do-not-disrupt); and what attribution reads: the
+    job's labels, the conditions that judge a failure, and a failed pod's container
+    endings; and what the preflight gate left (preflight_pods.py)."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = metadata.get("annotations") or {}
@@ -57,21 +58,26 @@ def slim_pod(pod: Json) -> Json:
     gate_metadata, gate_status = preflight_parts(pod)
     kept.update(gate_metadata)
     status.update(gate_status)
-    return {
-        "metadata": kept,
-        "spec": {
-            "nodeName": spec.get("nodeName", ""),
-            "containers": _resources(spec.get("containers")),
-            "initContainers": _resources(spec.get("initContainers")),
-        },
-        "status": status,
+    slim_spec: Json = {
+        "nodeName": spec.get("nodeName", ""),
+        "containers": _resources(spec.get("containers")),
+        "initContainers": _resources(spec.get("initContainers")),
     }
+    claims = _claims(spec)
+    if claims:  # most pods have none: no empty list kept for each
+        slim_spec["resourceClaims"] = [{"name": c.get("name", "")} for c in claims]
+    return {"metadata": kept, "spec": slim_spec, "status": status}
 
 
 def _resources(containers: object) -> list[Json]:
     if not isinstance(containers, list):
         return []
     return [{"resources": c.get("resources") or {}} for c in containers if isinstance(c, dict)]
+
+
+def _claims(spec: Json) -> list[Json]:
+    claims = spec.get("resourceClaims")
+    return [c for c in claims if isinstance(c, dict)] if isinstance(claims, list) else []
 
 
 def _counted_as(pod: Json) -> tuple[bool, bool, str | None, str | None]:

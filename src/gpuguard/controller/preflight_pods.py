@@ -42,7 +42,7 @@ def preflight_parts(pod: Json) -> tuple[Json, Json]:
     names = {c.get("name") for c in spec.get("initContainers") or [] if isinstance(c, dict)}
     kept_metadata: Json = {}
     labels = metadata.get("labels") or {}
-    wants_gpus = requests_gpus(pod) or bool(spec.get("resourceClaims"))
+    wants_gpus = requests_gpus(pod)
     if wants_gpus and INIT_CONTAINER not in names and labels.get(SKIP_LABEL) != SKIP:
         kept_metadata[UNCHECKED] = str(metadata.get("creationTimestamp", ""))
     endings = failed_endings(pod.get("status") or {})

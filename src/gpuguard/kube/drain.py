@@ -84,8 +84,12 @@ def is_finished(pod: Json) -> bool:
 
 
 def requests_gpus(pod: Json) -> bool:
-    """Some container asks for ``nvidia.com/gpu`` (or a MIG slice) in requests or limits."""
+    """Some container asks for ``nvidia.com/gpu`` (or a MIG slice) in requests or limits,
+    or the pod holds resource claims (DRA): which devices a claim was given is not on the
+    pod, so a claim counts as GPUs, the safe side (a reset waits for it)."""
     spec = pod.get("spec") or {}
+    if spec.get("resourceClaims"):
+        return True
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         resources = container.get("resources") or {}
         for amounts in (resources.get("requests") or {}, resources.get("limits") or {}):
