@@ -314,7 +314,6 @@ class Controller:
         now = self.clock.now()
         reconciler = self.reconciler
         cache = self.nodes
-        cache.attribute(now)
         if reconciler.stale:
             stored = read_episodes(self.api)
             self.applier.versions.clear()
@@ -327,6 +326,7 @@ class Controller:
             self._report_unreadable(stored)
             reconciler.history.forget_before(now - self.policy.history_s)
             self.replacements.reload(reconciler.history, now)
+        cache.attribute(now)  # after a takeover's reload: a repair read back spends a failure
         with cache.lock:
             silent, next_silence = cache.silence.silent(cache.observed, now)
             # Only nodes that can need a decision; the population sizes budgets and breaker.
