@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from gpuguard import bundle
 from gpuguard.clock import Clock
 from gpuguard.config import Config
+from gpuguard.contract.evidence import EvidenceAnswer, read_answer, write_answer
 from gpuguard.contract.keys import (
     AGENT_CONTROLLER,
     EVIDENCE_ANNOTATION,
@@ -94,7 +95,8 @@ class EvidenceRequests:
 
     def take_annotations(self, annotations: Mapping[str, str]) -> None:
         request = annotations.get(EVIDENCE_REQUEST_ANNOTATION)
-        if not request or _answered(annotations.get(EVIDENCE_ANNOTATION)) == request:
+        answered = read_answer(annotations.get(EVIDENCE_ANNOTATION))
+        if not request or (answered is not None and answered.request == request):
             return
         with self._lock:
             if request in self._taken:
@@ -119,7 +121,7 @@ class EvidenceRequests:
         except (ConfigError, OSError) as exc:
             location, note = "", f"evidence for RMA not collected: {exc}"
         log.info("%s (request %s)", note, request)
-        answer = json.dumps({"request": request, "location": location})
+        answer = write_answer(EvidenceAnswer(request, location))
         try:
             self._api.patch_annotations(self._node, {EVIDENCE_ANNOTATION: answer})
             self._api.create_event(
@@ -133,13 +135,3 @@ class EvidenceRequests:
             )
         except KubeError as exc:
             log.warning("could not answer evidence request %s: %s", request, exc)
-
-
-def _answered(value: str | None) -> str | None:
-    """The request id an evidence answer names (None: no readable answer)."""
-    try:
-        answer = json.loads(value or "")
-    except ValueError:
-        return None
-    request = answer.get("request") if isinstance(answer, dict) else None
-    return request if isinstance(request, str) else None
