@@ -7,8 +7,11 @@ with ``--no-fail-closed``); 64 for bad usage or configuration. Errors are one li
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -22,6 +25,8 @@ from gpuguard.cleanup_command import run_cleanup
 from gpuguard.config import Config, load_config
 from gpuguard.controller.options import add_arguments as add_controller_arguments
 from gpuguard.errors import ConfigError
+from gpuguard.evidence import SUFFIX as EVIDENCE_SUFFIX
+from gpuguard.evidence import unpack
 from gpuguard.model import Status
 from gpuguard.preflight.command import add_arguments as add_preflight_arguments
 from gpuguard.preflight.command import run_preflight
@@ -102,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_check_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument(
-        "--bundle", type=Path, metavar="DIR", help="inspect a captured bundle offline"
+        "--bundle",
+        type=Path,
+        metavar="DIR",
+        help="inspect a captured bundle offline (a directory, or an evidence .tar.gz)",
     )
     check.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
     check.add_argument(
@@ -224,6 +232,10 @@ def _check(args: argparse.Namespace) -> int:
     )
     sources: Sources
     if args.bundle is not None:
+        if args.bundle.name.endswith(EVIDENCE_SUFFIX) and args.bundle.is_file():
+            scratch = tempfile.mkdtemp(prefix="gpuguard-bundle-")
+            atexit.register(shutil.rmtree, scratch, True)
+            args.bundle = unpack(args.bundle, Path(scratch))
         if not args.bundle.is_dir():
             raise ConfigError(f"--bundle {args.bundle}: not a directory")
         known = [*(a.value for a in Artifact), "dmesg.log", "sysfs"]

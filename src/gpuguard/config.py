@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuguard.errors import ConfigError
+from gpuguard.evidence import EvidenceSettings
 
 # Named here too: the policy, figure-table and scenario loaders import it with describe_invalid.
 from gpuguard.files import read_yaml_mapping as read_yaml_mapping
@@ -280,6 +281,9 @@ class Config(BaseModel):
     metrics_port: int = Field(default=9465, ge=0, le=65535, description="0 disables /metrics")
     reboot_command: list[str] | None = Field(
         default=None, description="How the agent reboots its node when the controller asks"
+    )
+    evidence: EvidenceSettings | None = Field(
+        default=None, description="Where RMA evidence is stored when asked (none: off)"
     )
 
     @field_validator("timeouts", "check_intervals", mode="after")

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuguard import threads
 from gpuguard.agent.check_loops import CheckLoops
 from gpuguard.agent.deep import DeepSchedule, Idleness, nvml_idleness
+from gpuguard.agent.evidence import EvidenceRequests
 from gpuguard.agent.metrics import AgentMetrics
 from gpuguard.agent.node_state import NodeState
 from gpuguard.agent.orders import Orders
@@ -105,10 +106,19 @@ class Agent:
                 self.state,
                 report=self.report,
                 memory=self.kernel_log,
-                on_node=self.orders.take_annotations,
+                on_node=self._node_readers(api),
                 metrics=self.metrics,
                 clock=clock,
             )
+
+    def _node_readers(self, api: NodeApi) -> Callable[[Mapping[str, str]], None]:
+        """What reads the Node's annotations: the orders, and evidence requests if set."""
+        if self.config.evidence is None:  # RMA evidence on request: off by default
+            return self.orders.take_annotations
+        evidence = EvidenceRequests(
+            api, self.node_name, self.config, self.sources, self.report, self._clock
+        )
+        return _both(self.orders.take_annotations, evidence.take_annotations)
 
     # --- running ------------------------------------------------------------------
     def start_observers(self, stop: threading.Event) -> list[threading.Thread]:
@@ -199,3 +209,13 @@ class Agent:
     def request_fresh_report(self) -> None:
         """Make the next publish write a new report timestamp (after a repair, say)."""
         self.state.request_fresh_report()
+
+
+def _both(
+    first: Callable[[Mapping[str, str]], None], second: Callable[[Mapping[str, str]], None]
+) -> Callable[[Mapping[str, str]], None]:
+    def both(annotations: Mapping[str, str]) -> None:
+        first(annotations)
+        second(annotations)
+
+    return both

@@ -12,6 +12,10 @@ EXCLUDE_LABEL = "gpuguard.io/exclude"
 REPORT_ANNOTATION = "gpuguard.io/report"  # the agent's node report (contract.report)
 MEMORY_ANNOTATION = "gpuguard.io/kernel-findings"  # the agent's kernel memory
 VERIFY_REQUEST_ANNOTATION = "gpuguard.io/verify-requested"  # the controller's request id
+# A request for the node's RMA evidence (any id; a person's or the controller's), and the
+# agent's answer: JSON {"request": id, "location": where the archive is}.
+EVIDENCE_REQUEST_ANNOTATION = "gpuguard.io/collect-evidence"
+EVIDENCE_ANNOTATION = "gpuguard.io/evidence"
 CORDONED_BY_US_ANNOTATION = "gpuguard.io/cordoned"
 # A person's mark that the node's position (cable, optic, port) was repaired; taken off by
 # the controller once read (docs/remediation.md, "Where a fault lives").

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from gpuguard import logs
 from gpuguard.contract.keys import POSITION_FIXED_ANNOTATION, VERIFY_REQUEST_ANNOTATION
 from gpuguard.controller.events import EventRecorder
+from gpuguard.controller.evidence_gate import EvidenceGate
 from gpuguard.controller.metrics import ControllerMetrics
 from gpuguard.controller.providers import Provider
 from gpuguard.kube import drain, fleet
@@ -85,6 +86,7 @@ class Applier:
         self.evictions_blocked = False  # set by a pass whose evictions a budget refused
         # Nodes whose last round of evictions a budget refused, every one (no other failure).
         self.drains_blocked: set[str] = set()
+        self.evidence: EvidenceGate | None = None  # RMA evidence before REPLACE: off
 
     def note_version(self, name: str, version: str) -> None:
         """Remember ``version`` unless an answer seen earlier was already newer (a watch
@@ -203,7 +205,8 @@ class Applier:
                     if version:
                         self.note_version(object_name(episode.node, episode.opened_at), version)
             case Kind.REPLACE:
-                self.provider.replace(decision.node)
+                if self.evidence is None or self.evidence.ready(decision.node, now):
+                    self.provider.replace(decision.node)
             case Kind.REQUEST_VERIFY:
                 if decision.request is not None:
                     self._annotate(decision.node, VERIFY_REQUEST_ANNOTATION, decision.request)

@@ -10,6 +10,7 @@ import threading
 
 from gpuguard import logs, threads
 from gpuguard.clock import SYSTEM_CLOCK, OffsetClock
+from gpuguard.controller.evidence_gate import EvidenceGate
 from gpuguard.controller.gpu_quarantine import install
 from gpuguard.controller.loop import Controller
 from gpuguard.controller.metrics import ControllerMetrics
@@ -79,6 +80,9 @@ def run_controller(args: argparse.Namespace) -> int:
         " in dry-run" if args.dry_run else "",
         args.provider,
     )
+    if args.evidence_wait_s > 0:  # RMA evidence before REPLACE: off by default
+        evidence = EvidenceGate(controller.writer, controller.applier.events, args.evidence_wait_s)
+        controller.applier.evidence = evidence
     if gate is not None:
         start_gate(gate, controller.writer, controller.leading, metrics.registry, stop)
     controller.run(stop)

@@ -68,7 +68,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="label selector (key=value or key terms, comma separated) of the nodes counted in "
         "GPU-node availability; the chart passes the agent's nodeSelector",
     )
+    _add_evidence_argument(parser)
     _add_webhook_arguments(parser)
+
+
+def _add_evidence_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--evidence-wait-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before a REPLACE, ask the node's agent for RMA evidence and wait at most this "
+        "long for its answer (docs/remediation.md, RMA evidence); 0 (the default): off",
+    )
 
 
 def _add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
