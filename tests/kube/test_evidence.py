@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpuguard.cli import main
 from gpuguard.contract.keys import EVIDENCE_ANNOTATION, EVIDENCE_REQUEST_ANNOTATION
+from gpuguard.controller.events import EventRecorder
 from gpuguard.controller.evidence_gate import EvidenceGate
 from tests.kube.test_agent import GPU, XID79, bundle_from, condition_is, events_for, start_agent
 from tests.support.cluster import make_node, wait_for
@@ -91,3 +92,17 @@ def test_without_an_answer_the_replace_goes_ahead_after_the_wait(
 ):
     _, note = replace_with_evidence_gate(api, start_agent, start_controller, tmp_path, 2)
     assert note == "replacing without evidence for RMA: no answer in 2s"
+
+
+def test_a_wait_no_pass_pursued_is_not_taken_for_the_next_replace(api):
+    """An episode that asked for evidence and then ended without a replacement leaves its
+    request behind; a REPLACE much later asks afresh instead of replacing at once."""
+    name = node_name()
+    make_node(api, name, labels={POOL: "h100"})
+    gate = EvidenceGate(api, EventRecorder(api, "test"), wait_s=60)
+    assert not gate.ready(name, 1_000.0)
+    first = node(api, name)["metadata"]["annotations"][EVIDENCE_REQUEST_ANNOTATION]
+    assert not gate.ready(name, 1_030.0)  # still waiting
+    assert not gate.ready(name, 5_000.0), "an old request must not stand in for a new one"
+    second = node(api, name)["metadata"]["annotations"][EVIDENCE_REQUEST_ANNOTATION]
+    assert second != first

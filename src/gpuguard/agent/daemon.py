@@ -99,6 +99,7 @@ class Agent:
         self.orders = Orders(node_name, self.state, self.checks, self.kernel_log, self.deep, clock)
         self.publisher: Publisher | None = None  # none: observe only
         if api is not None:
+            self._on_node = self._node_readers(api)  # at each heartbeat, and on the watch
             self.publisher = Publisher(
                 api,
                 node_name,
@@ -106,7 +107,7 @@ class Agent:
                 self.state,
                 report=self.report,
                 memory=self.kernel_log,
-                on_node=self._node_readers(api),
+                on_node=self._on_node,
                 metrics=self.metrics,
                 clock=clock,
             )
@@ -135,7 +136,7 @@ class Agent:
         own and ``also_supervise``) dies. Never raises on API errors."""
         assert self.api is not None and self.publisher is not None
         observers = self.start_observers(stop)
-        requests = self.orders.watch_verify_requests(self.api, stop)
+        requests = self.orders.watch_verify_requests(self.api, stop, self._on_node)
         threads.start("wake-on-stop", self._wake_on_stop, stop)
         watched = [*observers, requests, *also_supervise]
         threads.start(

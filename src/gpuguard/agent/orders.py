@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from gpuguard import threads
@@ -55,12 +55,13 @@ class Orders:
         if stamp:
             self._deep.request_verify(stamp)
 
-    def watch_verify_requests(self, api: NodeApi, stop: threading.Event) -> threading.Thread:
-        """A daemon thread handing each verify request to the deep schedule until ``stop``
-        (and ``api.end_watches(stop)``)."""
-        follow = functools.partial(
-            follow_verify_requests, api, self._node_name, self._deep.request_verify
-        )
+    def watch_verify_requests(
+        self, api: NodeApi, stop: threading.Event, take: Callable[[Mapping[str, str]], None]
+    ) -> threading.Thread:
+        """A daemon thread handing the Node's annotations to ``take`` (this class's
+        ``take_annotations``, and the evidence requests' reader where set) at each change
+        until ``stop`` (and ``api.end_watches(stop)``)."""
+        follow = functools.partial(follow_verify_requests, api, self._node_name, take)
         return threads.start("verify-requests", follow, stop)
 
     def repairs(self, api: KubeApi, backend: RepairBackend) -> RepairExecutor:

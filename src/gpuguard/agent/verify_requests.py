@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from gpuguard.contract.keys import VERIFY_REQUEST_ANNOTATION
 from gpuguard.kube.watch import keep_watching
 
 if TYPE_CHECKING:
@@ -24,20 +23,18 @@ log = logging.getLogger("gpuguard.agent")
 
 
 def follow_verify_requests(
-    api: NodeApi, node: str, request_verify: Callable[[str], None], stop: threading.Event
+    api: NodeApi,
+    node: str,
+    take: Callable[[Mapping[str, str]], None],
+    stop: threading.Event,
 ) -> None:
-    """Hand each verify stamp on ``node`` to ``request_verify`` until ``stop``."""
-
-    def take(annotations: dict[str, str]) -> None:
-        stamp = annotations.get(VERIFY_REQUEST_ANNOTATION)
-        if stamp:
-            request_verify(stamp)
-
+    """Hand ``node``'s annotations to ``take`` at each change until ``stop``: a verify
+    stamp, and an evidence request where the agent takes them."""
     keep_watching(
         lambda: api.watch_annotations(node, stop),
         take,
         stop,
         log=log,
         what=f"node {node}",
-        when_refused="verify requests are read at each heartbeat meanwhile",
+        when_refused="verify and evidence requests are read at each heartbeat meanwhile",
     )

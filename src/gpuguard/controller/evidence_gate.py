@@ -30,6 +30,8 @@ class EvidenceGate:
         """Whether ``node`` may be replaced now; asks for its evidence the first time.
         Raises ``KubeError`` like any write (the next pass decides again)."""
         asked = self._asked.get(node)
+        if asked is not None and now - asked[1] > 2 * self.wait_s:
+            asked = None  # a wait no pass pursued (the episode ended first): ask afresh
         if asked is None:
             request = request_id(now)
             patch = {"metadata": {"annotations": {EVIDENCE_REQUEST_ANNOTATION: request}}}
