@@ -2,12 +2,14 @@
 
 Each provider's route demands that provider's header (AWS: a token from ``PUT
 /latest/api/token``), as the real services do. ``answer`` sets the body the events path
-serves next; ``delay_s`` holds each answer back (a slow service); the held-back answers
+serves next (``alternate`` cycles through several, one per request: an event that
+comes and goes); ``delay_s`` holds each answer back (a slow service); the held-back answers
 are released when the server stops.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,11 +32,17 @@ class MetadataService:
     status: int = 200
     delay_s: float = 0.0
     url: str = ""
+    alternate: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def answer(self, body: str, status: int = 200, delay_s: float = 0.0) -> None:
-        self.body, self.status, self.delay_s = body, status, delay_s
+        self.body, self.status, self.delay_s, self.alternate = body, status, delay_s, []
+
+    def next_body(self) -> str:
+        if self.alternate:
+            return self.alternate[len(self.requests) % len(self.alternate)]
+        return self.body
 
     def allowed(self, method: str, path: str, headers: dict[str, str]) -> bool:
         if self.provider == "aws":
@@ -65,7 +73,8 @@ def metadata_service(provider: str) -> Iterator[MetadataService]:
                 self._answer(401, b"unauthorized\n")
             else:
                 service.stopping.wait(service.delay_s)
-                self._answer(service.status, service.body.encode())
+                with contextlib.suppress(ConnectionError):  # a client that gave up waiting
+                    self._answer(service.status, service.next_body().encode())
 
     server = QuietServer(("127.0.0.1", 0), Handler)
     service.url = f"http://127.0.0.1:{server.server_address[1]}"
