@@ -10,6 +10,7 @@ are released when the server stops.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ class MetadataService:
     delay_s: float = 0.0
     url: str = ""
     alternate: list[str] = field(default_factory=list)
+    acknowledged: list[object] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
 
@@ -63,6 +65,18 @@ def metadata_service(provider: str) -> Iterator[MetadataService]:
                 self._answer(200, AWS_TOKEN.encode())
             else:
                 self._answer(400, b"bad request\n")
+
+        def do_POST(self) -> None:
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            if service.provider != "azure" or self.path != EVENTS_PATHS["azure"]:
+                self._answer(404, b"not found\n")
+            elif not service.allowed("POST", self.path, headers):
+                self._answer(401, b"unauthorized\n")
+            else:
+                service.acknowledged.append(json.loads(body))
+                self._answer(200, b"")
 
         def do_GET(self) -> None:
             service.requests.append(self.path)

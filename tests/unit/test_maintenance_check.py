@@ -4,10 +4,14 @@ documents, and the slow, malformed and flapping answers that must never drain.""
 from __future__ import annotations
 
 import datetime
+import json
 import time
+from pathlib import Path
 
 import pytest
 
+from gpuguard.agent.maintenance_ack import with_maintenance_ack
+from gpuguard.agent.repair import BundleRepair
 from gpuguard.checks.base import CheckContext
 from gpuguard.checks.maintenance.check import (
     MAINTENANCE_EVENT,
@@ -166,3 +170,21 @@ def test_off_by_default_and_config() -> None:
     )
     with pytest.raises(ConfigError, match="provider"):
         build_config({"maintenance": {"provider": "oracle"}}, "t")
+
+
+def test_azure_events_are_acknowledged_before_the_reboot(tmp_path: Path) -> None:
+    """The reboot rung comes after the drain: Azure is told to go ahead, Freezes left alone."""
+    reboot = json.loads(AZURE_EXAMPLE.replace('"Freeze"', '"Reboot"'))["Events"][0]
+    freeze = json.loads(AZURE_EXAMPLE)["Events"][0] | {"EventId": "freeze-1"}
+    document = json.dumps({"DocumentIncarnation": 3, "Events": [reboot, freeze]})
+    with metadata_service("azure") as service:
+        service.answer(document)
+        settings = _config(service).maintenance
+        backend = with_maintenance_ack(BundleRepair(tmp_path / "repairs.log"), settings)
+        assert backend.reboot()[0]
+        assert service.acknowledged == [{"StartRequests": [{"EventId": reboot["EventId"]}]}]
+        service.answer("", 503)
+        assert backend.reboot()[0]  # a failed approval never blocks the reboot
+    assert (tmp_path / "repairs.log").read_text() == "reboot\nreboot\n"
+    plain = BundleRepair(tmp_path / "other.log")
+    assert with_maintenance_ack(plain, Config().maintenance) is plain

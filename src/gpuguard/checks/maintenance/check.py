@@ -12,6 +12,7 @@ service is unreachable. A far event is trusted only on its second consecutive si
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import threading
 import urllib.error
@@ -109,10 +110,30 @@ def poll(settings: MaintenanceConfig, budget_s: float) -> list[MaintenanceEvent]
     return parse_azure(_fetch(url, {"Metadata": "true"}, budget_s))[1]
 
 
-def _fetch(url: str, headers: dict[str, str], budget_s: float, method: str = "GET") -> str:
+def acknowledge_azure(settings: MaintenanceConfig, budget_s: float) -> list[str]:
+    """Approve every pending Azure event that needs a drain (the node is drained): Azure
+    then starts it at once. Returns the EventIds; raises PollFailed or ParseError."""
+    url = f"{settings.base_url}/metadata/scheduledevents?api-version=2020-07-01"
+    headers = {"Metadata": "true"}
+    _, events = parse_azure(_fetch(url, headers, budget_s))
+    ids = [e.event_id for e in events if e.action is not Action.NONE]
+    if ids:
+        body = json.dumps({"StartRequests": [{"EventId": i} for i in ids]}).encode()
+        headers["Content-Type"] = "application/json"
+        _fetch(url, headers, budget_s, method="POST", data=body)
+    return ids
+
+
+def _fetch(
+    url: str,
+    headers: dict[str, str],
+    budget_s: float,
+    method: str = "GET",
+    data: bytes | None = None,
+) -> str:
     """The body, read within about ``budget_s`` even from a server that trickles it."""
     deadline = SYSTEM_CLOCK.monotonic() + budget_s
-    request = urllib.request.Request(url, headers=headers, method=method)
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=budget_s) as response:
             body = b""
