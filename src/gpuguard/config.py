@@ -17,6 +17,7 @@ from gpuguard.evidence import EvidenceSettings
 
 # Named here too: the policy, figure-table and scenario loaders import it with describe_invalid.
 from gpuguard.files import read_yaml_mapping as read_yaml_mapping
+from gpuguard.maintenance_config import MaintenanceConfig
 
 DEFAULT_TIMEOUT_S = 10.0
 DEEP_CHECK_PREFIX = "deep-"
@@ -31,6 +32,7 @@ CHECK_NAMES = (
     "network",
     "in-job",
     "load-clocks",
+    "maintenance",
 )
 # The external programs the agent runs, by the name ``tools`` may give a path for.
 TOOL_NAMES = ("nvidia-smi", "dcgmi", "ibstat", "journalctl", "dmesg", "ib_write_bw", "fi_pingpong")
@@ -262,6 +264,9 @@ class Config(BaseModel):
     load_clocks: LoadClocks = Field(
         default_factory=LoadClocks, description="Busy GPUs compared with their siblings"
     )
+    maintenance: MaintenanceConfig = Field(
+        default_factory=MaintenanceConfig, description="Cloud maintenance events (off by default)"
+    )
 
     # The agent (gpuguard agent).
     condition_profile: Literal["gpuguard", "eks"] = Field(
@@ -321,6 +326,8 @@ class Config(BaseModel):
         return self.default_timeout_s
 
     def interval_for(self, check: str) -> float:
+        if check == "maintenance" and check not in self.check_intervals:
+            return self.maintenance.interval_s
         return self.check_intervals.get(check, self.check_interval_s)
 
     def with_overrides(self, **overrides: object) -> Config:

@@ -45,7 +45,8 @@ from gpuguard.sources import Sources
 # Checks that only add evidence about a layer others diagnose: a job's verdicts and the
 # load-clock comparison see nothing while nothing runs, so their answer never vouches for
 # the layer (a node whose NVML, nvidia-smi and DCGM all fail must not read as healthy).
-SUPPLEMENTARY = frozenset({"in-job", "load-clocks"})
+# The maintenance check speaks of the cloud's plans, never of the host's health.
+SUPPLEMENTARY = frozenset({"in-job", "load-clocks", "maintenance"})
 
 # Time a check gets past its own timeout to notice it and report (its tools are killed
 # at the timeout itself; this margin only matters for checks stuck in-process).

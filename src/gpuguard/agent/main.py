@@ -51,6 +51,7 @@ def run_agent(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise ConfigError("--node-name (or NODE_NAME) is required to publish conditions")
     # Imported here: the Kubernetes client costs start-up time the other commands skip.
+    from gpuguard.agent.maintenance_ack import with_maintenance_ack
     from gpuguard.agent.repair import BundleRepair, NvidiaSmiRepair, RepairBackend
     from gpuguard.kube.client import NodeApi
     from gpuguard.kube.rest import load_api_for_command
@@ -69,7 +70,7 @@ def run_agent(args: argparse.Namespace) -> int:
     else:
         smi = config.tools.get("nvidia-smi") or shutil.which("nvidia-smi") or "nvidia-smi"
         backend = NvidiaSmiRepair(smi, config.reboot_command)
-    executor = agent.orders.repairs(kube, backend)
+    executor = agent.orders.repairs(kube, with_maintenance_ack(backend, config.maintenance))
     repairs = threads.start("repairs", executor.run, stop)
     log.info(
         "gpuguard agent publishing %s conditions for node %s; kernel log: %s",

@@ -10,6 +10,7 @@ from gpuguard.checks.base import Check, Fallback
 from gpuguard.checks.dcgm.check import DcgmCheck, DcgmExporterCheck
 from gpuguard.checks.in_job.load_clocks import LoadClockCheck
 from gpuguard.checks.in_job.verdict_check import InJobCheck
+from gpuguard.checks.maintenance.check import MaintenanceCheck
 from gpuguard.checks.network.check import NetworkCheck
 from gpuguard.checks.nvidia_smi.check import SmiCheck
 from gpuguard.checks.nvml import NvmlCheck
@@ -31,4 +32,5 @@ def default_checks() -> list[Check]:
         NetworkCheck(),
         InJobCheck(),
         LoadClockCheck(),
+        MaintenanceCheck(),
     ]

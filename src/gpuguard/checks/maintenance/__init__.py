@@ -1,0 +1,1 @@
+"""Cloud maintenance events: the providers' scheduled-event documents, and the check."""
