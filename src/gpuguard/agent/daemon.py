@@ -99,7 +99,6 @@ class Agent:
         self.orders = Orders(node_name, self.state, self.checks, self.kernel_log, self.deep, clock)
         self.publisher: Publisher | None = None  # none: observe only
         if api is not None:
-            self._on_node = self._node_readers(api)  # at each heartbeat, and on the watch
             self.publisher = Publisher(
                 api,
                 node_name,
@@ -107,7 +106,7 @@ class Agent:
                 self.state,
                 report=self.report,
                 memory=self.kernel_log,
-                on_node=self._on_node,
+                on_node=self._node_readers(api),
                 metrics=self.metrics,
                 clock=clock,
             )
@@ -136,7 +135,8 @@ class Agent:
         own and ``also_supervise``) dies. Never raises on API errors."""
         assert self.api is not None and self.publisher is not None
         observers = self.start_observers(stop)
-        requests = self.orders.watch_verify_requests(self.api, stop, self._on_node)
+        # The readers of each heartbeat's Node, also on the watch of its annotations.
+        requests = self.orders.watch_verify_requests(self.api, stop, self.publisher.on_node)
         threads.start("wake-on-stop", self._wake_on_stop, stop)
         watched = [*observers, requests, *also_supervise]
         threads.start(

@@ -93,7 +93,7 @@ class Publisher:
         self._state = state
         self._report = report
         self._memory = memory
-        self._on_node = on_node
+        self.on_node = on_node
         self._metrics = metrics
         self._clock = clock
         self._published = _Published()
@@ -135,7 +135,7 @@ class Publisher:
         if heartbeat_due and not first_read:
             published.node = self._api.get_node(self._node_name)
         assert published.node is not None
-        self._on_node(published.node.annotations)
+        self.on_node(published.node.annotations)
         write = plan_write(
             desired_conditions(report.layers, self._profile),
             published.conditions or {},
