@@ -30,9 +30,8 @@ from gpuguard.contract.preflight import (
 from gpuguard.contract.times import parse_time
 from gpuguard.controller.loop import Controller
 from gpuguard.kube.rest import Json, KubeApi
-from gpuguard.remediation.policy import Policy
 from tests.support.cluster import make_node, scratch_namespace, stamp, wait_for
-from tests.support.controllers import FAST_POLICY, Running, reconciled, remediations
+from tests.support.controllers import Running, new_controller, reconciled, remediations
 from tests.support.metrics import sample
 
 UNCHECKED = "gpuguard_preflight_pods_unchecked_total"
@@ -43,17 +42,7 @@ GPU = "0000:91:00.0"
 @pytest.fixture
 def controller(api: KubeApi, namespace: str) -> Iterator[Controller]:
     """A controller reading the preflight gate's outcomes (the fast test policy)."""
-    gpuguard = Controller(
-        api,
-        Policy(**FAST_POLICY),
-        "karpenter",
-        namespace=namespace,
-        identity=f"test-{uuid.uuid4().hex[:6]}",
-        resync_s=0.2,
-        lease_s=3,
-        renew_s=1,
-        preflight=True,
-    )
+    gpuguard = new_controller(api, namespace, preflight=True)
     running = Running(gpuguard.run)
     wait_for(gpuguard.leading.is_set, 20, "the controller leading")
     yield gpuguard

@@ -66,6 +66,7 @@ def new_controller(
     *,
     retry_s: float = RETRY_S,
     resync_s: float = 0.2,
+    preflight: bool = False,
     **policy: Any,
 ) -> Controller:
     """A controller with the fast test policy (``policy`` overrides its fields);
@@ -81,6 +82,7 @@ def new_controller(
         retry_s=retry_s,
         lease_s=3,
         renew_s=1,
+        preflight=preflight,
     )
 
 
