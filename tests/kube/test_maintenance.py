@@ -1,6 +1,7 @@
 """Cloud maintenance events end to end: the real agent polls a metadata service on
 loopback, its kernel condition turns False with the maintenance code, and the controller
-cordons and drains the node (a reboot) or replaces it (a retirement)."""
+cordons and drains the node, then waits for the cloud (a reboot), or replaces it (a
+retirement)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from tests.kube.test_controller import nodeclaim, start_agent  # noqa: F401  (a 
 from tests.support.cluster import make_node, wait_for
 from tests.support.controllers import (
     POOL,
+    kernel_condition,
     node,
     node_name,
+    reconciled,
     remediations,
     status_of,
     tainted,
@@ -19,31 +22,45 @@ from tests.support.controllers import (
 from tests.support.metadata_server import metadata_service
 from tests.unit.test_maintenance_events import AWS_EXAMPLE, AZURE_EXAMPLE
 
-KERNEL = "GpuguardKernelHealthy"
 
-
-def _kernel_condition(api, name: str) -> dict[str, str]:
-    found = [c for c in node(api, name)["status"].get("conditions", []) if c["type"] == KERNEL]
-    return found[0] if found else {}
-
-
-def test_aws_scheduled_reboot_cordons_and_drains(api, start_agent, start_controller):  # noqa: F811
+def test_aws_scheduled_reboot_drains_and_waits_for_aws_never_replacing(
+    api,
+    start_agent,  # noqa: F811
+    start_controller,
+):
     with metadata_service("aws") as service:
         service.answer(AWS_EXAMPLE)  # a system-reboot whose start has passed
         name = node_name()
         make_node(api, name, labels={POOL: "h100"})
-        start_agent(name, maintenance={"provider": "aws", "endpoint": service.url})
-        start_controller()
+        claim = nodeclaim(api, name)
+        bundle = start_agent(name, maintenance={"provider": "aws", "endpoint": service.url})
+        controller = start_controller()
         condition = wait_for(
             lambda: (
-                _kernel_condition(api, name).get("status") == "False"
-                and _kernel_condition(api, name)
+                kernel_condition(api, name).get("status") == "False" and kernel_condition(api, name)
             ),
             what="the kernel condition False",
         )
         assert "MAINTENANCE_EVENT" in condition["message"]
         wait_for(lambda: node(api, name)["spec"].get("unschedulable"), 40, "cordon and drain")
-        assert status_of(api, name)["rung"] in ("REBOOT", "REPLACE")
+        wait_for(lambda: "reboot" in (bundle / "repairs.log").read_text(), 40, "our reboot")
+        # AWS keeps the event open after a reboot of ours: held drained, no further rung.
+        wait_for(
+            lambda: any("held drained" in s["message"] for s in status_of(api, name)["steps"]),
+            40,
+            "the episode held for AWS",
+        )
+        reconciled(controller, times=3)
+        assert status_of(api, name)["rung"] == "REBOOT"
+        assert node(api, name)["spec"].get("unschedulable") and tainted(api, name)
+        assert api.get(f"/apis/karpenter.sh/v1/nodeclaims/{claim}")["metadata"]["name"] == claim
+        # AWS did its reboot: the event is completed, and the node goes back to work.
+        service.answer(AWS_EXAMPLE.replace('"active"', '"completed"'))
+        wait_for(
+            lambda: not node(api, name)["spec"].get("unschedulable") and not tainted(api, name),
+            60,
+            "the node back in service",
+        )
 
 
 def test_gce_terminate_replaces_the_node(api, start_agent, start_controller):  # noqa: F811
@@ -65,6 +82,30 @@ def test_gce_terminate_replaces_the_node(api, start_agent, start_controller):  #
             60,
             "the NodeClaim deleted",
         )
+
+
+def test_azure_reboot_drains_then_approves_the_event(api, start_agent, start_controller):  # noqa: F811
+    soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=10)
+    event = AZURE_EXAMPLE.replace('"Freeze"', '"Reboot"').replace(
+        "Mon, 19 Sep 2016 18:29:47 GMT", soon.strftime("%a, %d %b %Y %H:%M:%S GMT")
+    )
+    with metadata_service("azure") as service:
+        service.answer(event)
+        name = node_name()
+        make_node(api, name, labels={POOL: "h100"})
+        fast = {"interval_s": 0.5, "timeout_s": 0.5}
+        bundle = start_agent(
+            name, maintenance={"provider": "azure", "endpoint": service.url, **fast}
+        )
+        start_controller()
+        wait_for(lambda: node(api, name)["spec"].get("unschedulable"), 40, "cordon and drain")
+        # The controller asks for the reboot once drained; the agent approves the event then.
+        wait_for(lambda: service.acknowledged, 40, "the event approved")
+        assert service.acknowledged[0] == {
+            "StartRequests": [{"EventId": "f020ba2e-3bc0-4c40-a10b-86575a9eabd5"}]
+        }
+        assert "reboot" in (bundle / "repairs.log").read_text()
+        assert node(api, name)["spec"].get("unschedulable")
 
 
 def test_flapping_and_failing_service_never_drains(api, start_agent, start_controller):  # noqa: F811
@@ -96,7 +137,7 @@ def test_flapping_and_failing_service_never_drains(api, start_agent, start_contr
         service.alternate = [event, '{"DocumentIncarnation": 2, "Events": []}']
         polled = len(service.requests)
         wait_for(lambda: len(service.requests) >= polled + 6, what="six flapping polls")
-        assert _kernel_condition(api, name).get("status") == "True"
+        assert kernel_condition(api, name).get("status") == "True"
         assert not node(api, name)["spec"].get("unschedulable")
         assert not tainted(api, name)
         assert remediations(api, name) == []

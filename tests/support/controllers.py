@@ -120,6 +120,16 @@ def tainted(api: KubeApi, name: str) -> bool:
     return any(t["key"] == "gpuguard.io/unhealthy" for t in taints)
 
 
+def kernel_condition(api: KubeApi, name: str) -> dict[str, str]:
+    """The node's kernel-layer condition (gpuguard's profile), or {} before the agent's first."""
+    found = [
+        c
+        for c in node(api, name)["status"].get("conditions", [])
+        if c["type"] == "GpuguardKernelHealthy"
+    ]
+    return found[0] if found else {}
+
+
 def remediations(api: KubeApi, name: str) -> list[dict[str, Any]]:
     found = api.list(NODE_REMEDIATIONS.path()).items
     return [r for r in found if r["spec"]["nodeName"] == name]

@@ -190,6 +190,28 @@ def test_lemon_goes_straight_to_replace():
     assert plan.episodes["n1"].rung is Action.KILL_JOB
 
 
+def test_the_clouds_scheduled_maintenance_gets_its_rung_once_then_is_held_drained():
+    scheduled = bad(Action.REBOOT, ("MAINTENANCE_EVENT",), since=T0 - 600)
+    lemon = [
+        dataclasses.replace(episode("n1"), phase=Phase.CLOSED, closed_at=T0 - 86400 * d)
+        for d in (1, 2)
+    ]
+    plan = run(fleet(node("n1", scheduled, tainted=True)), {"n1": episode("n1")}, history=lemon)
+    assert plan.episodes["n1"].rung is Action.REBOOT  # never a lemon's REPLACE
+    # The reboot done, the event still scheduled (AWS keeps it open): no climb, no human.
+    ep = episode("n1", rung=Action.REBOOT, last_action_at=0.0, cordoned_by_us=True)
+    plan = run(fleet(node("n1", scheduled, tainted=True, unschedulable=True)), {"n1": ep})
+    held = plan.episodes["n1"]
+    assert (held.rung, held.attempts, held.exhausted) == (Action.REBOOT, {Action.REBOOT: 1}, False)
+    assert held.phase is Phase.QUARANTINED and held.cordoned_by_us
+    assert K.UNCORDON not in kinds(plan) and K.REPLACE not in kinds(plan)
+    assert any("held drained until the cloud does it" in note for note in plan.notes)
+    # A real fault beside it is the ladder's again.
+    both = bad(Action.REBOOT, ("MAINTENANCE_EVENT", "XID_79"), since=T0 - 600)
+    plan = run(fleet(node("n1", both, tainted=True, unschedulable=True)), {"n1": ep})
+    assert plan.episodes["n1"].rung is Action.REPLACE
+
+
 def test_rung_is_retried_while_it_has_attempts_then_the_next_one():
     ep = episode("n1", rung=Action.KILL_JOB, last_action_at=T0 - 1000)
     plan = run(fleet(node("n1", KILL, tainted=True)), {"n1": ep})

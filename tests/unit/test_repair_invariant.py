@@ -227,11 +227,12 @@ def rows_for(code: str) -> list[Row]:
 
 
 def _code_literals() -> set[str]:
-    """Every upper-case code-like string in the checks' and the kernel log's source: what a
-    check can name."""
+    """Every upper-case code-like string in the checks' and the kernel log's source (and the
+    codes they share with the policy): what a check can name."""
     found: set[str] = set()
     sources = [*CHECKS.rglob("*.py"), *KERNEL_LOG.rglob("*.py")]
-    for path in [*sources, ROOT / "src" / "gpuguard" / "model.py"]:
+    shared = [ROOT / "src" / "gpuguard" / "model.py", ROOT / "src/gpuguard/contract/maintenance.py"]
+    for path in [*sources, *shared]:
         for item in ast.walk(ast.parse(path.read_text())):
             text = item.value if isinstance(item, ast.Constant) else None
             if isinstance(text, str) and re.fullmatch(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)+_?", text):

@@ -28,15 +28,17 @@ from gpuguard.checks.maintenance.events import (
     parse_gce,
 )
 from gpuguard.clock import SYSTEM_CLOCK
+from gpuguard.contract.maintenance import (
+    MAINTENANCE_EVENT,
+    MAINTENANCE_NOTICE,
+    MAINTENANCE_POLL_FAILED,
+    MAINTENANCE_RETIREMENT,
+)
 from gpuguard.errors import ParseError
 from gpuguard.maintenance_config import MaintenanceConfig
 from gpuguard.model import NODE, Action, Finding, Layer, Severity
 
 LOG = logging.getLogger(__name__)
-MAINTENANCE_EVENT = "MAINTENANCE_EVENT"
-MAINTENANCE_RETIREMENT = "MAINTENANCE_RETIREMENT"
-MAINTENANCE_NOTICE = "MAINTENANCE_NOTICE"
-MAINTENANCE_POLL_FAILED = "MAINTENANCE_POLL_FAILED"
 MAX_DOCUMENT_BYTES = 256 * 1024
 AWS_TOKEN_TTL_S = "21600"
 
