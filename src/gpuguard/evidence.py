@@ -7,20 +7,31 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuguard.errors import ConfigError
+from gpuguard.s3_settings import S3Settings
 
 SUFFIX = ".tar.gz"
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024  # a bundle is text: far below this
 
 
 class EvidenceSettings(BaseModel):
-    """Where the agent stores a node's evidence when asked; absent: nothing is captured."""
+    """Where the agent stores a node's evidence when asked (a directory or an S3-compatible
+    bucket, one of the two); absent: nothing is captured."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    directory: Path = Field(description="Where each <node>-<time>.tar.gz is written")
+    directory: Path | None = Field(
+        default=None, description="Where each <node>-<time>.tar.gz is written"
+    )
+    s3: S3Settings | None = Field(default=None, description="The bucket each one is put in")
+
+    @model_validator(mode="after")
+    def _one_store(self) -> EvidenceSettings:
+        if (self.directory is None) == (self.s3 is None):
+            raise ValueError("set exactly one of evidence.directory and evidence.s3")
+        return self
 
 
 def pack(source: Path, target: Path) -> None:

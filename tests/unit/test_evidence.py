@@ -14,8 +14,8 @@ from gpuguard.agent.evidence import capture
 from gpuguard.cli import main
 from gpuguard.config import Config
 from gpuguard.sources import BundleSources
+from tests.conftest import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXPECT = ["--expected-gpus", "1", "--expected-nics", "3", "--expected-link-gbps", "400"]
 AT = 1_800_000_000.0
 

@@ -4,8 +4,9 @@ A request is the Node's ``gpuguard.io/collect-evidence`` annotation (any id: the
 controller's before a replacement, or a person's). Once per id the agent captures what
 ``gpuguard bundle collect`` collects (a bundle-backed agent copies its bundle), adds its
 current report and the Node's report and kernel-memory annotations, packs it as
-``<node>-<time>.tar.gz`` in ``evidence.directory``, answers in ``gpuguard.io/evidence`` and
-records an Event naming the file. Capture runs on its own thread: it may take minutes.
+``<node>-<time>.tar.gz`` in ``evidence.directory`` (or in a temporary directory, then put in
+the ``evidence.s3`` bucket), answers in ``gpuguard.io/evidence`` and records an Event naming
+the file. Capture runs on its own thread: it may take minutes.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from gpuguard.errors import ConfigError
 from gpuguard.evidence import SUFFIX, pack
 from gpuguard.kube.errors import KubeError
 from gpuguard.model import NodeReport
+from gpuguard.s3_store import StoreError, put_file
 from gpuguard.sources import BundleSources, Sources
 
 if TYPE_CHECKING:
     from gpuguard.kube.client import NodeApi
 
+SCRATCH_PREFIX = "gpuguard-evidence-"
 log = logging.getLogger("gpuguard.agent")
 COLLECTED = "EvidenceCollected"
 
@@ -50,10 +53,13 @@ def capture(
     node: str,
     at: float,
     history: Mapping[str, str],
+    store: Path | None = None,
 ) -> Path:
-    """Capture and store the node's evidence; returns the archive's path."""
+    """Capture and store the node's evidence (in ``store``, else the evidence directory);
+    returns the archive's path."""
     assert config.evidence is not None
-    store = config.evidence.directory
+    store = store or config.evidence.directory
+    assert store is not None
     try:
         store.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -116,9 +122,8 @@ class EvidenceRequests:
         if report is not None:
             history["agent-report.json"] = json.dumps(report.to_dict(), indent=2) + "\n"
         try:
-            path = capture(self._config, self._sources, self._node, self._clock.now(), history)
-            location, note = str(path), f"evidence for RMA: {path}"
-        except (ConfigError, OSError) as exc:
+            location, note = self._store(history)
+        except (ConfigError, OSError, StoreError) as exc:
             location, note = "", f"evidence for RMA not collected: {exc}"
         log.info("%s (request %s)", note, request)
         answer = write_answer(EvidenceAnswer(request, location))
@@ -135,3 +140,26 @@ class EvidenceRequests:
             )
         except KubeError as exc:
             log.warning("could not answer evidence request %s: %s", request, exc)
+
+    def _store(self, history: dict[str, str]) -> tuple[str, str]:
+        """Capture, store where the settings say; returns the location and the note."""
+        settings, at = self._config.evidence, self._clock.now()
+        assert settings is not None
+        if settings.s3 is None:
+            path = capture(self._config, self._sources, self._node, at, history)
+            return str(path), f"evidence for RMA: {path}"
+        # Only the latest failed upload's archive is kept: the agent's /tmp is small.
+        for earlier in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+            shutil.rmtree(earlier, ignore_errors=True)
+        scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+        try:
+            path = capture(self._config, self._sources, self._node, at, history, scratch)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        try:
+            url = put_file(settings.s3, settings.s3.key_for(path.name), path, self._clock)
+        except StoreError as exc:  # kept: someone may still copy it off the node
+            raise StoreError(f"{exc}; the archive stays at {path} until the next request") from None
+        shutil.rmtree(scratch, ignore_errors=True)
+        return url, f"evidence for RMA: {url} (endpoint {settings.s3.endpoint})"
