@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).parent / "data"
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 @pytest.fixture

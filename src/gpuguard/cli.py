@@ -7,26 +7,22 @@ with ``--no-fail-closed``); 64 for bad usage or configuration. Errors are one li
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from gpuguard import __version__, logs
 from gpuguard.bundle import collect
-from gpuguard.checks.registry import FALLBACKS, default_checks
+from gpuguard.checks.registry import FALLBACKS, configured_checks, default_checks
 from gpuguard.checks.xid_catalog import OVERRIDES, rule_for
 from gpuguard.cleanup_command import add_arguments as add_cleanup_arguments
 from gpuguard.cleanup_command import run_cleanup
 from gpuguard.config import Config, load_config
 from gpuguard.controller.options import add_arguments as add_controller_arguments
 from gpuguard.errors import ConfigError
-from gpuguard.evidence import SUFFIX as EVIDENCE_SUFFIX
-from gpuguard.evidence import unpack
+from gpuguard.evidence_read import local_bundle
 from gpuguard.model import Status
 from gpuguard.preflight.command import add_arguments as add_preflight_arguments
 from gpuguard.preflight.command import run_preflight
@@ -110,7 +106,8 @@ def _add_check_arguments(check: argparse.ArgumentParser) -> None:
         "--bundle",
         type=Path,
         metavar="DIR",
-        help="inspect a captured bundle offline (a directory, or an evidence .tar.gz)",
+        help="inspect a captured bundle offline (a directory, an evidence .tar.gz, or"
+        " s3://BUCKET/KEY with --config's evidence.s3)",
     )
     check.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
     check.add_argument(
@@ -232,10 +229,7 @@ def _check(args: argparse.Namespace) -> int:
     )
     sources: Sources
     if args.bundle is not None:
-        if args.bundle.name.endswith(EVIDENCE_SUFFIX) and args.bundle.is_file():
-            scratch = tempfile.mkdtemp(prefix="gpuguard-bundle-")
-            atexit.register(shutil.rmtree, scratch, True)
-            args.bundle = unpack(args.bundle, Path(scratch))
+        args.bundle = local_bundle(args.bundle, config)  # an evidence archive: unpacked
         if not args.bundle.is_dir():
             raise ConfigError(f"--bundle {args.bundle}: not a directory")
         known = [*(a.value for a in Artifact), "dmesg.log", "sysfs"]
@@ -245,9 +239,10 @@ def _check(args: argparse.Namespace) -> int:
                 " `gpuguard bundle collect DIR` writes them)"
             )
         sources = BundleSources(args.bundle)
+        checks = default_checks()
     else:
         sources = LiveSources(config)
-    checks = default_checks()
+        checks = configured_checks(config)  # plugins look at the live node, not a bundle
     if args.deep:
         from gpuguard.checks.load.checks import deep_checks
 

@@ -5,19 +5,20 @@ Errors name the bad key and the file, so a typo in a fleet-wide config is found 
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeGuard, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuguard.errors import ConfigError
 from gpuguard.evidence import EvidenceSettings
 
-# Named here too: the policy, figure-table and scenario loaders import it with describe_invalid.
+# Named here too: the policy, figure-table and scenario loaders import both from here.
 from gpuguard.files import read_yaml_mapping as read_yaml_mapping
+from gpuguard.invalid import describe_invalid as describe_invalid
 from gpuguard.maintenance_config import MaintenanceConfig
+from gpuguard.plugins_config import PLUGIN_PREFIX, PluginConfig, unique_names
 
 DEFAULT_TIMEOUT_S = 10.0
 DEEP_CHECK_PREFIX = "deep-"
@@ -290,6 +291,9 @@ class Config(BaseModel):
     evidence: EvidenceSettings | None = Field(
         default=None, description="Where RMA evidence is stored when asked (none: off)"
     )
+    plugins: list[PluginConfig] = Field(
+        default_factory=list, description="Custom check programs (docs/checks.md)"
+    )
 
     @field_validator("timeouts", "check_intervals", mode="after")
     @classmethod
@@ -303,6 +307,11 @@ class Config(BaseModel):
             known = ", ".join(CHECK_NAMES)
             raise ValueError(f"unknown check {', '.join(unknown)} (checks: {known}, deep-*)")
         return value
+
+    @field_validator("plugins", mode="after")
+    @classmethod
+    def _unique_plugins(cls, value: list[PluginConfig]) -> list[PluginConfig]:
+        return unique_names(value)
 
     @field_validator("tools", mode="after")
     @classmethod
@@ -318,9 +327,17 @@ class Config(BaseModel):
             gpus=self.expected_gpus, nics=self.expected_nics, link_gbps=self.expected_link_gbps
         )
 
+    def plugin(self, check: str) -> PluginConfig | None:
+        """The settings of the plugin whose check this is, if it is one."""
+        if not check.startswith(PLUGIN_PREFIX):
+            return None
+        return next((p for p in self.plugins if p.check_name == check), None)
+
     def timeout_for(self, check: str) -> float:
         if check in self.timeouts:
             return self.timeouts[check]
+        if (plugin := self.plugin(check)) is not None:
+            return plugin.timeout_s
         if check.startswith(DEEP_CHECK_PREFIX):  # the budget, plus start-up and a margin
             return self.deep.budget_s + DEEP_TIMEOUT_MARGIN_S
         return self.default_timeout_s
@@ -328,6 +345,8 @@ class Config(BaseModel):
     def interval_for(self, check: str) -> float:
         if check == "maintenance" and check not in self.check_intervals:
             return self.maintenance.interval_s
+        if (plugin := self.plugin(check)) is not None:
+            return plugin.interval_s
         return self.check_intervals.get(check, self.check_interval_s)
 
     def with_overrides(self, **overrides: object) -> Config:
@@ -346,15 +365,24 @@ def build_config(data: Mapping[str, object], origin: str) -> Config:
 
 
 def _section_of(loc: list[str]) -> type[BaseModel]:
-    """The model that owns the last key of ``loc`` (``network.devices.x`` -> DevicePatterns)."""
+    """The model that owns the last key of ``loc`` (``network.devices.x`` -> DevicePatterns,
+    ``plugins.0.x`` -> PluginConfig: list items and optional sections are looked into)."""
     model: type[BaseModel] = Config
     for key in loc[:-1]:
         field = model.model_fields.get(key)
-        annotation = field.annotation if field is not None else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        if field is None:
+            if key.isdigit():  # an item of the list just entered
+                continue
             break
-        model = annotation
+        inner = [a for a in (field.annotation, *get_args(field.annotation)) if _is_model(a)]
+        if not inner:
+            break
+        model = inner[0]
     return model
+
+
+def _is_model(annotation: object) -> TypeGuard[type[BaseModel]]:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def load_config(path: Path | None) -> Config:
@@ -362,37 +390,3 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
     return build_config(read_yaml_mapping(path, "config"), origin=str(path))
-
-
-def _nearest(key: str, model: type[BaseModel]) -> str:
-    """ "did you mean ...?" for a misspelt key, else the keys the model knows."""
-    known = list(model.model_fields)
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known)
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def describe_invalid(
-    exc: ValidationError,
-    origin: str,
-    what: str,
-    model_at: Callable[[list[str]], type[BaseModel]],
-) -> str:
-    """One line naming every bad key; ``model_at(loc)`` is the model that owns a key, so an
-    unknown key is answered with the keys that model does know."""
-    problems = []
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
-        key = ".".join(loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            problems.append(f"{key}: unknown key ({_nearest(loc[-1], model_at(loc))})")
-        elif not loc:  # about the whole document: its input is all of it
-            problems.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
-        else:
-            message = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{key}: {message} (got {_short(err.get('input'))})")
-    return f"{origin}: invalid {what}: " + "; ".join(problems)

@@ -40,12 +40,14 @@ from gpuguard.model import (
     Severity,
     assess_layer,
 )
+from gpuguard.plugins_config import PLUGIN_PREFIX
 from gpuguard.sources import Sources
 
 # Checks that only add evidence about a layer others diagnose: a job's verdicts and the
 # load-clock comparison see nothing while nothing runs, so their answer never vouches for
 # the layer (a node whose NVML, nvidia-smi and DCGM all fail must not read as healthy).
-# The maintenance check speaks of the cloud's plans, never of the host's health.
+# The maintenance check speaks of the cloud's plans, never of the host's health; a plugin
+# adds a team's own evidence, never stands in for the built-in checks.
 SUPPLEMENTARY = frozenset({"in-job", "load-clocks", "maintenance"})
 
 # Time a check gets past its own timeout to notice it and report (its tools are killed
@@ -97,11 +99,16 @@ def assess(results: Sequence[CheckResult], *, fail_closed: bool) -> NodeReport:
         layers[layer] = assess_layer(
             layer,
             [f for f in findings if f.layer is layer],
-            answered_by=[r.check for r in own if r.answered and r.check not in SUPPLEMENTARY],
+            answered_by=[r.check for r in own if r.answered and vouches(r.check)],
             not_answered=[f"{r.check} ({r.outcome})" for r in own if not r.answered],
             fail_closed=fail_closed,
         )
     return NodeReport(layers, list(results))
+
+
+def vouches(check: str) -> bool:
+    """Can this check's answer alone make its layer's verdict (see SUPPLEMENTARY)?"""
+    return check not in SUPPLEMENTARY and not check.startswith(PLUGIN_PREFIX)
 
 
 def _deduplicate(findings: list[Finding]) -> list[Finding]:

@@ -2,14 +2,15 @@
 that will not die.
 
 A tool runs in its own process group. Its output is read as it comes, and the group is
-killed at the timeout or as soon as stdout passes :data:`MAX_OUTPUT_BYTES` ("output too
-large", a failed check). A tool can outlive the kill: one stuck in the GPU driver ignores
-SIGKILL until the driver call returns, and a child that left the group (``setsid``) is not
-reached by it. While such a run still holds the tool's pipes, or is not reaped, it is
-*hung*: one watcher thread holds its pipes, discarding what comes, until they close and the
-process is reaped. Until then that executable is not started again; a call is refused with
-:class:`ToolStillRunning`, naming the hung run and since when. So each tool has at most one
-hung run, and the threads and descriptors it holds stay bounded whatever the schedule.
+killed at the timeout or as soon as stdout passes its cap (:data:`MAX_OUTPUT_BYTES`, or the
+caller's lower one: "output too large", a failed check). A tool can outlive the kill: one
+stuck in the GPU driver ignores SIGKILL until the driver call returns, and a child that left
+the group (``setsid``) is not reached by it. While such a run still holds the tool's pipes,
+or is not reaped, it is *hung*: one watcher thread holds its pipes, discarding what comes,
+until they close and the process is reaped. Until then that executable is not started again;
+a call is refused with :class:`ToolStillRunning`, naming the hung run and since when. So
+each tool has at most one hung run, and the threads and descriptors it holds stay bounded
+whatever the schedule.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class ToolStillRunning(CheckTimedOut):
 class HungRun:
     """A run that outlived its kill: still holding its pipes, or not reaped."""
 
-    executable: str
+    key: str  # what it holds back: its executable, or the caller's hung_key
     command: str
     pid: int
     started: datetime.datetime
@@ -78,15 +79,15 @@ class HungRuns:
         self._lock = threading.Lock()
         self._runs: dict[int, HungRun] = {}
 
-    def of(self, executable: str) -> HungRun | None:
+    def of(self, key: str) -> HungRun | None:
         with self._lock:
-            return next((r for r in self._runs.values() if r.executable == executable), None)
+            return next((r for r in self._runs.values() if r.key == key), None)
 
-    def refuse_if_hung(self, executable: str) -> None:
-        run = self.of(executable)
+    def refuse_if_hung(self, key: str) -> None:
+        run = self.of(key)
         if run is not None:
             raise ToolStillRunning(
-                f"{executable}: the previous run has not exited yet: {run.describe()};"
+                f"{key}: the previous run has not exited yet: {run.describe()};"
                 " not started again until it does"
             )
 
@@ -110,24 +111,31 @@ class HungRuns:
 HUNG = HungRuns()
 
 
-def run_tool(argv: list[str], timeout_s: float) -> ToolOutput:
+def run_tool(
+    argv: list[str],
+    timeout_s: float,
+    max_output_bytes: int = MAX_OUTPUT_BYTES,
+    hung_key: str | None = None,
+) -> ToolOutput:
     """Run a diagnostic with a hard timeout and a cap on its output; never blocks past the
     timeout (plus :data:`KILL_GRACE_S`). Raises ToolMissing, CheckTimedOut (ToolStillRunning
-    while a previous run is hung) or CheckFailed."""
-    HUNG.refuse_if_hung(argv[0])
+    while a previous run is hung) or CheckFailed. A hung run holds back the runs with its
+    ``hung_key``: by default the executable (a wedged driver stalls any call of the tool)."""
+    key = hung_key or argv[0]
+    HUNG.refuse_if_hung(key)
     proc, started = _spawn(argv)
     command = " ".join(argv)
     deadline = SYSTEM_CLOCK.monotonic() + timeout_s
-    pipes = _Pipes(proc)
+    pipes = _Pipes(proc, max_output_bytes)
     pipes.pump(deadline)
     if pipes.too_large or not pipes.closed or not _reaped(proc, deadline):
         if pipes.too_large:
-            problem = f"{command}: output too large (over {MAX_OUTPUT_BYTES // 2**20} MiB)"
+            problem = f"{command}: output too large (over {_size(max_output_bytes)})"
             error: type[CheckFailed | CheckTimedOut] = CheckFailed
         else:
             problem = f"{command}: no result after {timeout_s:g}s"
             error = CheckTimedOut
-        hung = _stop(proc, pipes, HungRun(argv[0], command, proc.pid, *started))
+        hung = _stop(proc, pipes, HungRun(key, command, proc.pid, *started))
         if hung:
             problem += f", killed, but it has not exited: {hung.describe()}"
         else:
@@ -187,7 +195,7 @@ class _Pipes:
     """A tool's stdout and stderr, read as they come: stdout up to just past the cap, the
     tail of stderr, or nothing kept once the tool is being stopped."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], limit: int) -> None:
         assert proc.stdout is not None and proc.stderr is not None
         self._stdout_fd = proc.stdout.fileno()
         self._files = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
@@ -197,6 +205,7 @@ class _Pipes:
         self.stdout = bytearray()
         self.stderr = bytearray()
         self._keep = True
+        self._limit = limit
 
     @property
     def closed(self) -> bool:
@@ -204,7 +213,7 @@ class _Pipes:
 
     @property
     def too_large(self) -> bool:
-        return len(self.stdout) > MAX_OUTPUT_BYTES
+        return len(self.stdout) > self._limit
 
     def discard(self) -> None:
         self._keep = False
@@ -243,6 +252,10 @@ class _Pipes:
         else:
             self.stderr += chunk
             del self.stderr[:-STDERR_TAIL_BYTES]
+
+
+def _size(limit: int) -> str:
+    return f"{limit // 2**20} MiB" if limit >= 2**20 else f"{limit // 1024} KiB"
 
 
 def _signal_name(number: int) -> str:

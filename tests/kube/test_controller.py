@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from gpuguard.agent.daemon import Agent
+from gpuguard.agent.maintenance_ack import with_maintenance_ack
 from gpuguard.agent.repair import BundleRepair, RepairExecutor
-from gpuguard.checks.registry import default_checks
+from gpuguard.checks.registry import configured_checks
 from gpuguard.config import Config
 from gpuguard.controller.providers import NODECLAIMS
 from gpuguard.kernel_log.followers import FileFollower
@@ -81,15 +82,14 @@ def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callabl
         agent = Agent(
             config,
             sources,
-            default_checks(),
+            configured_checks(config),
             FileFollower(bundle / "kmsg.log", 0.05),
             name,
             NodeApi(load_api(control_plane.admin_kubeconfig)),
         )
         rest = load_api(control_plane.admin_kubeconfig)
-        executor = RepairExecutor(
-            rest, name, BundleRepair(bundle / "repairs.log"), agent.after_repair
-        )
+        backend = with_maintenance_ack(BundleRepair(bundle / "repairs.log"), config.maintenance)
+        executor = RepairExecutor(rest, name, backend, agent.after_repair)
         running.append(Running(agent.run))
         running.append(Running(executor.run))
         return bundle

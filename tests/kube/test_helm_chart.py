@@ -149,11 +149,35 @@ def test_values_change_the_rendered_config_and_roll_the_pods(helm, tmp_path):
         ("config.expected_gpus=-1", "expected_gpus"),
         ("config.metrics_port=0", "metrics_port"),
         ("config.expectd_gpus=8", "expectd_gpus"),
+        ("config.plugins[0].name=Bad_Name,config.plugins[0].command[0]=/x", "name"),
+        ("config.plugins[0].name=a,config.plugins[0].comand[0]=/x", "comand"),
     ],
 )
 def test_values_schema_refuses_a_config_the_agent_would_refuse(helm, setting, complaint):
     err = helm("template", RELEASE, str(CHART), "--set", setting, ok=False)
     assert complaint in err
+
+
+def test_plugins_reach_the_agents_config_and_their_directory_is_mounted(helm, tmp_path):
+    objects = render(
+        helm,
+        "config.plugins[0].name=data-mount",
+        "config.plugins[0].command[0]=/opt/gpuguard/plugins/mount-responsive.sh",
+        "config.plugins[0].command[1]=/data",
+        "config.plugins[0].codes.PLUGIN_DATA_MOUNT.severity=critical",
+        "plugins.hostPath=/etc/gpuguard/plugins",
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(config_yaml(objects))
+    (plugin,) = load_config(path).plugins
+    assert plugin.command == ["/opt/gpuguard/plugins/mount-responsive.sh", "/data"]
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "plugins"]
+    assert volume["hostPath"]["path"] == "/etc/gpuguard/plugins"
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "plugins"]
+    assert mount == {"name": "plugins", "mountPath": "/opt/gpuguard/plugins", "readOnly": True}
+    default = one(render(helm), "DaemonSet")["spec"]["template"]["spec"]
+    assert not [v for v in default["volumes"] if v["name"] == "plugins"]
 
 
 def test_configmap_loads_with_gpuguard_config(helm, tmp_path):

@@ -10,7 +10,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -34,11 +33,11 @@ from gpuguard.errors import ToolMissing
 from gpuguard.kernel_log.followers import FileFollower
 from gpuguard.model import NODE, Action, Finding, Layer, Outcome, Severity, Status
 from gpuguard.sources import BundleSources
+from tests.conftest import EXAMPLES
 from tests.support.clock import FakeClock
 from tests.support.cluster import wait_for
 from tests.support.metrics import sample
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 IDLE = Idleness(Activity.IDLE)
 BUSY = Idleness(Activity.BUSY, "GPU 0 runs 1 compute process(es)")
 

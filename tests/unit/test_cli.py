@@ -8,15 +8,13 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from gpuguard.cli import EXIT_USAGE, main
 from gpuguard.training.verdicts import Verdict, VerdictKind, write_verdict
-from tests.conftest import DATA
+from tests.conftest import DATA, EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 EXPECT = ["--expected-gpus", "1", "--expected-nics", "3", "--expected-link-gbps", "400"]
 
 

@@ -13,7 +13,7 @@ import threading
 from gpuguard import logs, threads
 from gpuguard.agent.daemon import Agent
 from gpuguard.agent.metrics import AgentMetrics
-from gpuguard.checks.registry import default_checks
+from gpuguard.checks.registry import configured_checks
 from gpuguard.config import Config, load_config
 from gpuguard.errors import ConfigError
 from gpuguard.kernel_log.followers import Follower, follower_for
@@ -63,7 +63,8 @@ def run_agent(args: argparse.Namespace) -> int:
         serve(metrics, config.metrics_port)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    agent = Agent(config, sources, default_checks(), follower, args.node_name, api, metrics)
+    checks = configured_checks(config)
+    agent = Agent(config, sources, checks, follower, args.node_name, api, metrics)
     backend: RepairBackend
     if isinstance(sources, BundleSources):
         backend = BundleRepair(sources.root / "repairs.log")
@@ -89,7 +90,7 @@ def run_agent(args: argparse.Namespace) -> int:
 def _print_conditions(
     config: Config, sources: Sources, follower: Follower, node_name: str, stop: threading.Event
 ) -> int:
-    agent = Agent(config, sources, default_checks(), follower, node_name, api=None)
+    agent = Agent(config, sources, configured_checks(config), follower, node_name, api=None)
     agent.start_observers(stop)
     if not agent.wait_first_round(FIRST_ROUND_TIMEOUT_S):
         print("gpuguard agent: checks did not complete", file=sys.stderr)

@@ -1,7 +1,8 @@
 """The list of checks the runner uses, and which ones stand in for which.
 
 Adding a source means adding a module under ``checks/`` with a class that implements
-:class:`gpuguard.checks.base.Check` and listing it in :func:`default_checks`.
+:class:`gpuguard.checks.base.Check` and listing it in :func:`default_checks`. An operator's
+own programs come from the config (:func:`configured_checks`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from gpuguard.checks.maintenance.check import MaintenanceCheck
 from gpuguard.checks.network.check import NetworkCheck
 from gpuguard.checks.nvidia_smi.check import SmiCheck
 from gpuguard.checks.nvml import NvmlCheck
+from gpuguard.checks.plugins.check import plugin_checks
+from gpuguard.config import Config
 from gpuguard.kernel_log.check import KernelLogCheck
 
 # GPU sources in order of preference: DCGM, then NVML, then nvidia-smi. The kernel log
@@ -34,3 +37,8 @@ def default_checks() -> list[Check]:
         LoadClockCheck(),
         MaintenanceCheck(),
     ]
+
+
+def configured_checks(config: Config) -> list[Check]:
+    """The built-in checks, then the config's plugins (docs/checks.md, "Custom checks")."""
+    return [*default_checks(), *plugin_checks(config.plugins)]
