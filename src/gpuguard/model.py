@@ -6,6 +6,7 @@ policy and the simulator can all share it cheaply.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -139,6 +140,14 @@ def normalize_pci_bus_id(raw: str) -> str:
         devfn += ".0"
     domain = domain[-4:].rjust(4, "0")
     return f"{domain}:{bus.rjust(2, '0')}:{devfn}"
+
+
+_CANONICAL_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def is_pci_bus_id(raw: str) -> bool:
+    """Whether ``raw`` is a PCI bus id in a spelling :func:`normalize_pci_bus_id` reads."""
+    return _CANONICAL_BUS_ID.fullmatch(normalize_pci_bus_id(raw)) is not None
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,16 @@ def test_a_json_document_becomes_findings_on_the_parts_it_names(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "spelling", ["00000000:19:00.0", "0000:19:00", "19:00.0", "PCI:0000:19:00.0"]
+)
+def test_a_gpu_in_any_bus_id_spelling_is_the_same_gpu(tmp_path, spelling):
+    document = f'{{"findings": [{{"code": "X", "severity": "info", "gpu": "{spelling}"}}]}}'
+    config = plugin_config(tmp_path, f"#!/bin/sh\necho '{document}'\n", output="json")
+    (finding,) = run_plugin(config).findings
+    assert str(finding.component) == "gpu 0000:19:00.0"
+
+
+@pytest.mark.parametrize(
     ("document", "words"),
     [
         ('{"checks": []}', 'no "findings" list'),
@@ -171,6 +181,8 @@ def test_a_json_document_becomes_findings_on_the_parts_it_names(tmp_path):
         ('{"findings": [{"code": "X", "severity": "fatal"}]}', "findings[0].severity"),
         ('{"findings": [{"code": "X", "severity": ["critical"]}]}', "findings[0].severity"),
         ('{"findings": [{"code": "X", "severity": "info", "gpu": 3}]}', "findings[0].gpu"),
+        ('{"findings": [{"code": "X", "severity": "info", "gpu": "GPU-5e2c"}]}', "PCI bus id"),
+        ('{"findings": [{"code": "X", "severity": "info", "gpu": "0"}]}', "findings[0].gpu"),
         ('{"findings": [' + ",".join(['{"code": "X", "severity": "info"}'] * 101) + "]}", "101"),
     ],
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from gpuguard.errors import CheckFailed, ParseError
-from gpuguard.model import NODE, Action, Component, Finding, Severity, gpu, nic
+from gpuguard.model import NODE, Action, Component, Finding, Severity, gpu, is_pci_bus_id, nic
 from gpuguard.plugins_config import CODE_PATTERN, PluginConfig
 
 MAX_FINDINGS = 100
@@ -75,6 +75,9 @@ def _component(where: str, item: dict[str, object]) -> Component:
             continue
         if not isinstance(value, str) or not value.strip():
             raise ParseError(f"{where}.{key}: not a non-empty string")
+        # A GPU the node does not have would take the quarantine while the faulty one works on.
+        if key == "gpu" and not is_pci_bus_id(value):
+            raise ParseError(f"{where}.gpu: {value[:80]!r} is not a PCI bus id (0000:19:00.0)")
         return make(value)
     return NODE
 
