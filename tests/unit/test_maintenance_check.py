@@ -28,7 +28,10 @@ from gpuguard.sources import LiveSources
 from tests.support.metadata_server import MetadataService, metadata_service
 from tests.unit.test_maintenance_events import AWS_EXAMPLE, AZURE_EXAMPLE
 
-NOW = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+
+def _from_now(delta: datetime.timedelta) -> datetime.datetime:
+    """A start ``delta`` after this moment: the suite may run long after it was collected."""
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0) + delta
 
 
 def _config(service: MetadataService, **settings: object) -> Config:
@@ -62,7 +65,7 @@ def test_aws_documented_event_drains_at_once() -> None:
 
 def test_aws_retirement_in_window_replaces_on_second_sighting() -> None:
     with metadata_service("aws") as service:
-        service.answer(_aws("instance-retirement", NOW + datetime.timedelta(minutes=30)))
+        service.answer(_aws("instance-retirement", _from_now(datetime.timedelta(minutes=30))))
         check, config = MaintenanceCheck(), _config(service, window_s=3600)
         assert _poll(check, config) == [(MAINTENANCE_NOTICE, Action.NONE)]
         assert _poll(check, config) == [(MAINTENANCE_RETIREMENT, Action.REPLACE)]
@@ -70,7 +73,7 @@ def test_aws_retirement_in_window_replaces_on_second_sighting() -> None:
 
 def test_aws_event_outside_the_window_is_a_notice() -> None:
     with metadata_service("aws") as service:
-        service.answer(_aws("system-reboot", NOW + datetime.timedelta(days=3)))
+        service.answer(_aws("system-reboot", _from_now(datetime.timedelta(days=3))))
         check, config = MaintenanceCheck(), _config(service, window_s=3600)
         for _ in range(3):
             assert _poll(check, config) == [(MAINTENANCE_NOTICE, Action.NONE)]
@@ -81,7 +84,7 @@ def test_flapping_event_never_drains() -> None:
     with metadata_service("aws") as service:
         check, config = MaintenanceCheck(), _config(service, window_s=3600)
         for _ in range(3):
-            service.answer(_aws("system-reboot", NOW + datetime.timedelta(minutes=40)))
+            service.answer(_aws("system-reboot", _from_now(datetime.timedelta(minutes=40))))
             assert _poll(check, config) == [(MAINTENANCE_NOTICE, Action.NONE)]
             service.answer("[]")
             assert _poll(check, config) == []
