@@ -113,7 +113,7 @@ def report(api: KubeApi, name: str) -> dict[str, Any]:
 
 def broken_then_reset(
     api: KubeApi, start_agent, start_controller, deep: HeldDeepCheck
-) -> tuple[str, Controller]:
+) -> tuple[str, Controller, Path]:
     name = node_name()
     make_node(api, name, labels={POOL: "h100"})
     bundle = start_agent(name, deep)
@@ -122,16 +122,22 @@ def broken_then_reset(
     append(bundle, 48, DBE)
     wait_for(lambda: tainted(api, name), what="quarantine")
     wait_for(lambda: deep.started.is_set(), 40, "the agent running the requested verify")
-    assert (bundle / "repairs.log").read_text() == "reset 0000:91:00.0\n"
-    return name, controller
+    # The first repair; a verify that fails at once may already have escalated past it.
+    assert repairs(bundle)[0] == "reset 0000:91:00.0"
+    return name, controller, bundle
+
+
+def repairs(bundle: Path) -> list[str]:
+    return (bundle / "repairs.log").read_text().splitlines()
 
 
 def test_repaired_node_returns_to_service_only_after_the_verify_passes(
     api, start_agent, start_controller
 ):
     deep = HeldDeepCheck()
-    name, controller = broken_then_reset(api, start_agent, start_controller, deep)
+    name, controller, bundle = broken_then_reset(api, start_agent, start_controller, deep)
     stamp = annotations(api, name)[VERIFY_REQUEST_ANNOTATION]
+    assert repairs(bundle) == ["reset 0000:91:00.0"]  # held in the verify: nothing more
     # Past clear_after_s of healthy reports, reconciled: healthy, but not verified.
     wait_for(lambda: report(api, name)["layers"]["gpu"]["status"] == "Healthy", 20, "healthy")
     reconciled(controller, after=time.time() + FAST_POLICY["clear_after_s"])
@@ -154,7 +160,7 @@ def test_failed_verify_escalates_instead_of_returning_the_node(api, start_agent,
     )
     deep = HeldDeepCheck([slow])
     deep.release.set()
-    name, _ = broken_then_reset(api, start_agent, start_controller, deep)
+    name, _, bundle = broken_then_reset(api, start_agent, start_controller, deep)
     rung = wait_for(
         lambda: status_of(api, name).get("rung") == "REBOOT" and status_of(api, name),
         30,
@@ -163,6 +169,7 @@ def test_failed_verify_escalates_instead_of_returning_the_node(api, start_agent,
     assert "deep verify after RESET_GPU attempt 1 failed: DEEP_MATMUL_SLOW" in json.dumps(rung)
     assert tainted(api, name) and not status_of(api, name).get("resolution")
     assert report(api, name)["verify"]["codes"] == ["DEEP_MATMUL_SLOW"]
+    wait_for(lambda: repairs(bundle)[1:2] == ["reboot"], 30, "the reboot carried out")
 
 
 def test_agent_sees_a_verify_request_at_once_not_at_its_next_heartbeat(api, start_agent):
