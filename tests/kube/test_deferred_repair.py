@@ -26,7 +26,15 @@ from gpuguard.kube.client import NodeApi
 from gpuguard.kube.rest import Json, KubeApi, load_api
 from gpuguard.sources import BundleSources
 from tests.support.cluster import wait_for
-from tests.support.controllers import POOL, Running, node, remediations, status_of, tainted
+from tests.support.controllers import (
+    POOL,
+    Running,
+    node,
+    remediations,
+    repairs,
+    status_of,
+    tainted,
+)
 from tests.support.controlplane import ControlPlane
 from tests.support.jobsystem import JobSystem, end_pod, make_kwok_node
 
@@ -180,11 +188,10 @@ def test_running_work_finishes_then_the_gpu_is_reset(
     current = pod_now(api, pod)
     assert current is not None and phase(api, pod) == "Running"
     assert not current["metadata"].get("deletionTimestamp"), "the running pod was evicted"
-    assert not (bundle / "repairs.log").exists()
+    assert not repairs(bundle)
 
     end_pod(api, pod, 0)  # the job finishes on its own
-    wait_for(lambda: (bundle / "repairs.log").exists(), 30, "the GPU reset")
-    assert (bundle / "repairs.log").read_text() == f"reset {GPU}\n"
+    assert wait_for(lambda: repairs(bundle), 30, "the GPU reset") == [f"reset {GPU}"]
     status = wait_for(lambda: closed(api, name), 30, "the episode closed")
     assert status["resolution"] == "Repaired"
     messages = steps(api, name)
@@ -213,8 +220,7 @@ def test_work_that_never_ends_is_drained_at_max_wait_then_reset(
         "the wait given up at max_wait_s",
     )
     assert f"RESET_GPU attempt 1: draining {GPU}" in drained
-    wait_for(lambda: (bundle / "repairs.log").exists(), 30, "the GPU reset")
-    assert (bundle / "repairs.log").read_text() == f"reset {GPU}\n"
+    assert wait_for(lambda: repairs(bundle), 30, "the GPU reset") == [f"reset {GPU}"]
     assert pod_now(api, pod) is None or phase(api, pod) != "Running", "reset under a running pod"
     status = wait_for(lambda: closed(api, name), 30, "the episode closed")
     assert status["resolution"] == "Repaired"

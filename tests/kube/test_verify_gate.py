@@ -37,6 +37,7 @@ from tests.support.controllers import (
     node,
     node_name,
     reconciled,
+    repairs,
     status_of,
     tainted,
 )
@@ -125,10 +126,6 @@ def broken_then_reset(
     # The first repair; a verify that fails at once may already have escalated past it.
     assert repairs(bundle)[0] == "reset 0000:91:00.0"
     return name, controller, bundle
-
-
-def repairs(bundle: Path) -> list[str]:
-    return (bundle / "repairs.log").read_text().splitlines()
 
 
 def test_repaired_node_returns_to_service_only_after_the_verify_passes(

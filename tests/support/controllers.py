@@ -146,3 +146,9 @@ XID = "NVRM: Xid (PCI:0000:91:00): {code}, pid='<unknown>', name=<unknown>, {tex
 def append(bundle: Path, code: int, text: str) -> None:
     with (bundle / "kmsg.log").open("a") as handle:
         handle.write(XID.format(code=code, text=text))
+
+
+def repairs(bundle: Path) -> list[str]:
+    """The repairs the bundle node's agent carried out, in order (none yet: empty)."""
+    path = bundle / "repairs.log"
+    return path.read_text().splitlines() if path.exists() else []
