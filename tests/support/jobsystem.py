@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gpuguard.kube.rest import Json, KubeApi
+from gpuguard.kube.rest import Json, KubeApi, KubeNotFound
 from tests.support.cluster import CREATED_NODES, wait_for
 from tests.support.controllers import POOL
 from tests.support.controlplane import (
@@ -233,14 +233,44 @@ def running_pod(api: KubeApi, namespace: str, job: str, *, not_uid: str = "") ->
     return None
 
 
+def job_state(api: KubeApi, namespace: str, job: str) -> str:
+    """Where the Job's pods are, and what their nodes say: why a wait on the Job timed out."""
+    pods = api.list(
+        f"/api/v1/namespaces/{namespace}/pods", label_selector=f"{JOB_NAME_LABEL}={job}"
+    ).items
+    seen = []
+    for pod in pods:
+        where = pod["spec"].get("nodeName")
+        try:
+            node = api.get(f"/api/v1/nodes/{where}") if where else {"spec": {}}
+        except KubeNotFound:
+            node = {"spec": {"taints": [{"key": "(node deleted)"}]}}
+        seen.append(
+            {
+                "pod": pod["metadata"]["name"],
+                "phase": (pod.get("status") or {}).get("phase"),
+                "deleting": pod["metadata"].get("deletionTimestamp"),
+                "node": where,
+                "cordoned": node["spec"].get("unschedulable", False),
+                "taints": [t["key"] for t in node["spec"].get("taints") or []],
+            }
+        )
+    return f"pods {seen}, job status {job_status(api, namespace, job)}"
+
+
 def resumed(api: KubeApi, namespace: str, job: str, first: Json) -> Json:
     """The pod that took over from ``first``; fails at once if the Job ended instead."""
     uid = first["metadata"]["uid"]
-    outcome = wait_for(
-        lambda: running_pod(api, namespace, job, not_uid=uid) or finished_as(api, namespace, job),
-        60,
-        "the job's pod running again",
-    )
+    try:
+        outcome = wait_for(
+            lambda: (
+                running_pod(api, namespace, job, not_uid=uid) or finished_as(api, namespace, job)
+            ),
+            60,
+            "the job's pod running again",
+        )
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}; {job_state(api, namespace, job)}") from None
     assert isinstance(outcome, dict), f"the job ended instead: {job_status(api, namespace, job)}"
     return outcome
 
