@@ -22,7 +22,7 @@ from gpuguard.kube import drain, fleet
 from gpuguard.kube.rest import KubeApi, KubeNotFound, load_api
 from tests.support.cluster import wait_for
 from tests.support.controlplane import REPO, ControlPlane
-from tests.support.jobsystem import JOB_NAME_LABEL, create_job, running_pod, training_job
+from tests.support.jobsystem import create_job, job_pods, running_pod, training_job
 from tests.support.karpenter import TRAIN_NAMESPACE, gpu_nodepool
 
 CHART = REPO / "deploy" / "helm" / "gpuguard"
@@ -235,10 +235,8 @@ def placeholder_nodes(api: KubeApi) -> list[str]:
     )
 
 
-def job_pods(api: KubeApi, job: str, *, not_uid: str) -> list[dict[str, Any]]:
-    pods = api.list(
-        f"/api/v1/namespaces/{TRAIN_NAMESPACE}/pods", label_selector=f"{JOB_NAME_LABEL}={job}"
-    ).items
+def other_pods(api: KubeApi, job: str, *, not_uid: str) -> list[dict[str, Any]]:
+    pods = job_pods(api, TRAIN_NAMESPACE, job)
     return [p for p in pods if p["metadata"]["uid"] != not_uid]
 
 
@@ -280,7 +278,7 @@ def test_a_quarantined_nodes_pod_preempts_a_spare_and_karpenter_refills_the_pool
         uid = first["metadata"]["uid"]
         # Two figures: the Job controller's part (its replacement pod created) and the
         # spare's (that pod preempting the placeholder and running on its node).
-        wait_for(lambda: job_pods(api, name, not_uid=uid), 60, "the job's new pod created")
+        wait_for(lambda: other_pods(api, name, not_uid=uid), 60, "the job's new pod created")
         created_s = time.monotonic() - evicted_at
         replacement = wait_for(
             lambda: running_pod(api, TRAIN_NAMESPACE, name, not_uid=uid),

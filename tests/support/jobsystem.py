@@ -221,12 +221,17 @@ def finished_as(api: KubeApi, namespace: str, name: str) -> tuple[str, str] | No
     return None
 
 
+def job_pods(api: KubeApi, namespace: str, job: str) -> list[Json]:
+    return list(
+        api.list(
+            f"/api/v1/namespaces/{namespace}/pods", label_selector=f"{JOB_NAME_LABEL}={job}"
+        ).items
+    )
+
+
 def running_pod(api: KubeApi, namespace: str, job: str, *, not_uid: str = "") -> Json | None:
     """The Job's running pod (other than ``not_uid``), once KWOK has started it."""
-    pods = api.list(
-        f"/api/v1/namespaces/{namespace}/pods", label_selector=f"{JOB_NAME_LABEL}={job}"
-    )
-    for pod in pods.items:
+    for pod in job_pods(api, namespace, job):
         phase = (pod.get("status") or {}).get("phase")
         if phase == "Running" and pod["metadata"]["uid"] != not_uid:
             return pod
@@ -235,11 +240,8 @@ def running_pod(api: KubeApi, namespace: str, job: str, *, not_uid: str = "") ->
 
 def job_state(api: KubeApi, namespace: str, job: str) -> str:
     """Where the Job's pods are, and what their nodes say: why a wait on the Job timed out."""
-    pods = api.list(
-        f"/api/v1/namespaces/{namespace}/pods", label_selector=f"{JOB_NAME_LABEL}={job}"
-    ).items
     seen = []
-    for pod in pods:
+    for pod in job_pods(api, namespace, job):
         where = pod["spec"].get("nodeName")
         try:
             node = api.get(f"/api/v1/nodes/{where}") if where else {"spec": {}}
